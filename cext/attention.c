@@ -1,0 +1,131 @@
+/* Paged decode attention driver: split-KV work items over (sequence, kv head, KV segment),
+ * OpenMP dynamic scheduling, then a log-sum-exp merge of the segments per query head.
+ * Scratch is per call and per thread; the library holds no global mutable state. */
+#include <math.h>
+#include <stdlib.h>
+#include <omp.h>
+#include "dp_internal.h"
+
+/* Segments shorter than this cost more in merge traffic than they gain in parallelism. */
+#define DP_MIN_SEGMENT 128
+
+static dp_attn_item_fn pick(int isa) {
+    switch (isa) {
+    case DP_ISA_SCALAR: return dp_attn_item_scalar;
+    case DP_ISA_AVX2: return dp_attn_item_avx2;
+    case DP_ISA_AVX512: return dp_attn_item_avx512;
+    default: return NULL;
+    }
+}
+
+int dp_paged_decode_attention(
+    const void *q, int q_dtype, const void *k_cache, const void *v_cache, int kv_dtype,
+    const int32_t *block_tables, int max_blocks, const int32_t *seq_lens, void *out,
+    int B, int Hq, int Hkv, int D, int BS, int num_blocks, float scale,
+    int isa, int num_threads) {
+    dp_attn_item_fn fn = pick(isa);
+    if (!fn) return -1;
+    if (B <= 0 || Hkv <= 0 || Hq % Hkv || D <= 0 || D % 16 || BS <= 0 || num_blocks <= 0)
+        return -2;
+    const int G = Hq / Hkv, nt = num_threads > 0 ? num_threads : 1;
+    int max_len = 0;
+    for (int b = 0; b < B; b++) {
+        const int L = seq_lens[b];
+        if (L < 1 || (int64_t)L > (int64_t)max_blocks * BS) return -3;
+        for (int i = 0; i < (L + BS - 1) / BS; i++) {
+            const int32_t id = block_tables[(int64_t)b * max_blocks + i];
+            if (id < 0 || id >= num_blocks) return -4;
+        }
+        if (L > max_len) max_len = L;
+    }
+    /* Split KV only when (sequence, head) pairs alone cannot keep every thread busy. */
+    int seg = max_len;
+    if ((int64_t)B * Hkv < 4 * (int64_t)nt) {
+        const int want = (int)((4 * (int64_t)nt + (int64_t)B * Hkv - 1) / ((int64_t)B * Hkv));
+        seg = (max_len + want - 1) / want;
+        if (seg < DP_MIN_SEGMENT) seg = DP_MIN_SEGMENT;
+        seg = (seg + BS - 1) / BS * BS;
+    }
+    int64_t nseg_total = 0;
+    int *seg_first = malloc(sizeof(int) * ((size_t)B + 1));
+    if (!seg_first) return -5;
+    for (int b = 0; b < B; b++) {
+        seg_first[b] = (int)nseg_total;
+        nseg_total += (seq_lens[b] + seg - 1) / seg;
+    }
+    seg_first[B] = (int)nseg_total;
+    int *seg_seq = malloc(sizeof(int) * (size_t)nseg_total);
+    const int64_t items = nseg_total * Hkv;
+    float *pm = malloc(sizeof(float) * (size_t)(items * G));
+    float *pl = malloc(sizeof(float) * (size_t)(items * G));
+    float *pacc = malloc(sizeof(float) * (size_t)(items * G * D));
+    if (!seg_seq || !pm || !pl || !pacc) {
+        free(seg_first); free(seg_seq); free(pm); free(pl); free(pacc);
+        return -5;
+    }
+    for (int b = 0; b < B; b++)
+        for (int s = seg_first[b]; s < seg_first[b + 1]; s++) seg_seq[s] = b;
+
+    const dp_attn_args a = {q, q_dtype, k_cache, v_cache, kv_dtype, block_tables, max_blocks,
+                            seq_lens, Hq, Hkv, D, BS, G, scale};
+    int oom = 0;
+#pragma omp parallel num_threads(nt)
+    {
+        float *ws = malloc(sizeof(float) * ((size_t)G * D + (size_t)G * BS + (size_t)G));
+        if (!ws) {
+#pragma omp atomic write
+            oom = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            if (!ws) continue;
+            const int64_t sidx = it / Hkv;
+            const int h = (int)(it % Hkv), b = seg_seq[sidx];
+            const int t0 = (int)(sidx - seg_first[b]) * seg;
+            const int t1 = t0 + seg < seq_lens[b] ? t0 + seg : seq_lens[b];
+            fn(&a, b, h, t0, t1, pm + it * G, pl + it * G, pacc + it * G * D, ws);
+        }
+        free(ws);
+    }
+    if (!oom) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t r = 0; r < (int64_t)B * Hq; r++) {
+            const int b = (int)(r / Hq), qh = (int)(r % Hq), h = qh / G, g = qh % G;
+            float M = -INFINITY, L = 0.f;
+            for (int s = seg_first[b]; s < seg_first[b + 1]; s++) {
+                const float ms = pm[((int64_t)s * Hkv + h) * G + g];
+                M = ms > M ? ms : M;
+            }
+            float o[D];
+            for (int d = 0; d < D; d++) o[d] = 0.f;
+            for (int s = seg_first[b]; s < seg_first[b + 1]; s++) {
+                const int64_t i = ((int64_t)s * Hkv + h) * G + g;
+                const float w = expf(pm[i] - M);
+                L += pl[i] * w;
+                const float *acc = pacc + i * D;
+                for (int d = 0; d < D; d++) o[d] += acc[d] * w;
+            }
+            const float inv = 1.f / L;
+            for (int d = 0; d < D; d++) dp_store_elem(out, q_dtype, r * D + d, o[d] * inv);
+        }
+    }
+    free(seg_first); free(seg_seq); free(pm); free(pl); free(pacc);
+    return oom ? -5 : 0;
+}
+
+double dp_stream_read_scalar(const float *buf, int64_t n);
+double dp_stream_read_avx2(const float *buf, int64_t n);
+
+double dp_stream_read(const float *buf, int64_t n, int num_threads) {
+    const int nt = num_threads > 0 ? num_threads : 1;
+    const int avx2 = (dp_cpu_features() & DP_FEAT_AVX2) != 0;
+    double total = 0;
+#pragma omp parallel num_threads(nt) reduction(+ : total)
+    {
+        const int t = omp_get_thread_num(), T = omp_get_num_threads();
+        const int64_t lo = n * t / T, hi = n * (t + 1) / T;
+        total += avx2 ? dp_stream_read_avx2(buf + lo, hi - lo)
+                      : dp_stream_read_scalar(buf + lo, hi - lo);
+    }
+    return total;
+}

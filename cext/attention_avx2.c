@@ -1,0 +1,103 @@
+/* AVX2 + FMA + F16C path (Haswell and newer, Zen). Compiled for that target only here;
+ * chosen at run time when the CPU reports the features. */
+#pragma GCC target("avx2,fma,f16c")
+#include <immintrin.h>
+#include <math.h>
+#include "dp_internal.h"
+
+static inline __m256 load8(const void *p, int dtype) {
+    switch (dtype) {
+    case DP_BF16:
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    case DP_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    default: return _mm256_loadu_ps((const float *)p);
+    }
+}
+static inline float hsum8(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+/* exp for x <= 0 (scores minus their max): Cephes polynomial, ~1 ulp over [-87, 0]. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f),
+                                                 _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx),
+                                                   _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+#define MAXG 16
+static inline void prim_dot_group(const float *q, const void *k, int dtype, int D, int G,
+                                  float *out) {
+    const int esz = dp_elem_size(dtype);
+    for (int g0 = 0; g0 < G; g0 += MAXG) {
+        const int gn = G - g0 < MAXG ? G - g0 : MAXG;
+        __m256 acc[MAXG];
+        for (int g = 0; g < gn; g++) acc[g] = _mm256_setzero_ps();
+        for (int d = 0; d < D; d += 8) {
+            const __m256 kv = load8((const char *)k + (int64_t)d * esz, dtype);
+            for (int g = 0; g < gn; g++)
+                acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (g0 + g) * D + d), kv, acc[g]);
+        }
+        for (int g = 0; g < gn; g++) out[g0 + g] = hsum8(acc[g]);
+    }
+}
+static inline void prim_axpy_group(float *acc, const float *p, int pstride, const void *v,
+                                   int dtype, int D, int G) {
+    const int esz = dp_elem_size(dtype);
+    for (int d = 0; d < D; d += 8) {
+        const __m256 vv = load8((const char *)v + (int64_t)d * esz, dtype);
+        for (int g = 0; g < G; g++) {
+            float *a = acc + g * D + d;
+            _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_set1_ps(p[g * pstride]), vv,
+                                                _mm256_loadu_ps(a)));
+        }
+    }
+}
+static inline void prim_scale(float *x, float c, int n) {
+    const __m256 cv = _mm256_set1_ps(c);
+    for (int i = 0; i < n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), cv));
+}
+static inline float prim_exp_sub(float *s, int n, float m) {
+    const __m256 mv = _mm256_set1_ps(m);
+    __m256 sum = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
+        _mm256_storeu_ps(s + i, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    float r = hsum8(sum);
+    for (; i < n; i++) { s[i] = expf(s[i] - m); r += s[i]; }
+    return r;
+}
+
+#define DP_ITEM_FN dp_attn_item_avx2
+#include "attention_body.h"
+
+double dp_stream_read_avx2(const float *buf, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(buf + i));
+        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(buf + i + 8));
+        a2 = _mm256_add_ps(a2, _mm256_loadu_ps(buf + i + 16));
+        a3 = _mm256_add_ps(a3, _mm256_loadu_ps(buf + i + 24));
+    }
+    double s = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < n; i++) s += buf[i];
+    return s;
+}

@@ -1,0 +1,41 @@
+/* Portable reference path: plain C, any x86-64 or other CPU. */
+#include <math.h>
+#include "dp_internal.h"
+
+static inline void prim_dot_group(const float *q, const void *k, int dtype, int D, int G,
+                                  float *out) {
+    for (int g = 0; g < G; g++) out[g] = 0.f;
+    for (int d = 0; d < D; d++) {
+        const float kd = dp_load_elem(k, dtype, d);
+        for (int g = 0; g < G; g++) out[g] += q[g * D + d] * kd;
+    }
+}
+static inline void prim_axpy_group(float *acc, const float *p, int pstride, const void *v,
+                                   int dtype, int D, int G) {
+    for (int d = 0; d < D; d++) {
+        const float vd = dp_load_elem(v, dtype, d);
+        for (int g = 0; g < G; g++) acc[g * D + d] += p[g * pstride] * vd;
+    }
+}
+static inline void prim_scale(float *x, float c, int n) {
+    for (int i = 0; i < n; i++) x[i] *= c;
+}
+static inline float prim_exp_sub(float *s, int n, float m) {
+    float sum = 0.f;
+    for (int i = 0; i < n; i++) { s[i] = expf(s[i] - m); sum += s[i]; }
+    return sum;
+}
+
+#define DP_ITEM_FN dp_attn_item_scalar
+#include "attention_body.h"
+
+double dp_stream_read_scalar(const float *buf, int64_t n) {
+    float a[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) a[j] += buf[i + j];
+    double s = 0;
+    for (int j = 0; j < 8; j++) s += a[j];
+    for (; i < n; i++) s += buf[i];
+    return s;
+}

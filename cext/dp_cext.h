@@ -1,0 +1,56 @@
+/* DualPace C kernels: public declarations (also the cffi cdef, see build.py).
+ * Shapes are run-time arguments; nothing about a model is compiled in. */
+#ifndef DP_CEXT_H
+#define DP_CEXT_H
+#include <stdint.h>
+#include <stddef.h>
+
+/* element types of q / KV / outputs */
+enum { DP_F32 = 0, DP_BF16 = 1, DP_F16 = 2 };
+
+/* instruction-set paths; DP_ISA_AMX is reserved for an AMX tile path */
+enum { DP_ISA_SCALAR = 0, DP_ISA_AVX2 = 1, DP_ISA_AVX512 = 2, DP_ISA_AMX = 3 };
+
+/* feature bits reported by dp_cpu_features() */
+enum {
+    DP_FEAT_AVX2 = 1, DP_FEAT_FMA = 2, DP_FEAT_F16C = 4, DP_FEAT_AVX512 = 8,
+    DP_FEAT_AVX512_BF16 = 16, DP_FEAT_AMX_BF16 = 32
+};
+
+uint32_t dp_cpu_features(void);
+int dp_isa_compiled(int isa);
+
+/* Paged decode attention over one layer of an HND KV pool.
+ * q [B, Hq, D], k/v [num_blocks, Hkv, BS, D], block_tables [B, max_blocks], seq_lens [B],
+ * out [B, Hq, D] (q's dtype). Returns 0, or a negative code for an argument the caller
+ * should have rejected (the Python wrapper validates everything first). */
+int dp_paged_decode_attention(
+    const void *q, int q_dtype, const void *k_cache, const void *v_cache, int kv_dtype,
+    const int32_t *block_tables, int max_blocks, const int32_t *seq_lens, void *out,
+    int B, int Hq, int Hkv, int D, int BS, int num_blocks, float scale,
+    int isa, int num_threads);
+
+/* Write T tokens' K/V ([T, Hkv, D], same dtype as the cache) at flat slots of one layer. */
+int dp_kv_append(void *k_cache, void *v_cache, const void *k, const void *v,
+                 const int64_t *slots, int T, int Hkv, int BS, int D, int elem_size,
+                 int64_t num_blocks);
+
+/* Copy whole blocks src_ids[i] of src into dst_ids[i] of dst (block_bytes each). */
+int dp_copy_blocks(const void *src, void *dst, const int64_t *src_ids, const int64_t *dst_ids,
+                   int n, int64_t block_bytes, int64_t src_blocks, int64_t dst_blocks,
+                   int num_threads);
+
+/* Memory-read bandwidth probe: sums n floats with num_threads threads. */
+double dp_stream_read(const float *buf, int64_t n, int num_threads);
+
+/* Futex on a 32-bit word in (possibly shared) memory. */
+uint32_t dp_atomic_load(const uint32_t *addr);
+void dp_atomic_store(uint32_t *addr, uint32_t value);
+int dp_atomic_cas(uint32_t *addr, uint32_t expected, uint32_t desired);
+/* 0: woken or the value already differed; 1: timed out; -1: error (errno). timeout_ns<0: forever */
+int dp_futex_wait(uint32_t *addr, uint32_t expected, int64_t timeout_ns);
+int dp_futex_wake(uint32_t *addr, int n);
+/* Wait until *addr != value: spin up to spin_iters pause loops, then futex-wait.
+ * 0: changed; 1: timed out. */
+int dp_wait_while_equal(uint32_t *addr, uint32_t value, int spin_iters, int64_t timeout_ns);
+#endif

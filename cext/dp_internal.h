@@ -1,0 +1,83 @@
+/* Shared between the ISA-specific attention translation units. */
+#ifndef DP_INTERNAL_H
+#define DP_INTERNAL_H
+#include <stdint.h>
+#include <string.h>
+#include "dp_cext.h"
+
+typedef struct {
+    const void *q; int q_dtype;
+    const void *k_cache, *v_cache; int kv_dtype;
+    const int32_t *block_tables; int max_blocks;
+    const int32_t *seq_lens;
+    int Hq, Hkv, D, BS, G;
+    float scale;
+} dp_attn_args;
+
+/* One work item: sequence b, kv head h, tokens [t0, t1). Writes m[G], l[G], acc[G*D]
+ * (unnormalised). ws: G*D + G*BS floats of per-thread scratch. */
+typedef void (*dp_attn_item_fn)(const dp_attn_args *a, int b, int h, int t0, int t1,
+                                float *m, float *l, float *acc, float *ws);
+
+void dp_attn_item_scalar(const dp_attn_args *, int, int, int, int, float *, float *, float *,
+                         float *);
+void dp_attn_item_avx2(const dp_attn_args *, int, int, int, int, float *, float *, float *,
+                       float *);
+void dp_attn_item_avx512(const dp_attn_args *, int, int, int, int, float *, float *, float *,
+                         float *);
+
+static inline float dp_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f;
+}
+static inline uint16_t dp_f32_to_bf16(float f) {  /* round to nearest even, NaN kept */
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static inline float dp_f16_to_f32(uint16_t h) {
+    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
+    if (e == 0) {
+        if (m == 0) u = s;
+        else { /* subnormal: renormalise */
+            e = 127 - 15 + 1;
+            while (!(m & 0x400)) { m <<= 1; e--; }
+            u = s | (e << 23) | ((m & 0x3ff) << 13);
+        }
+    } else if (e == 31) u = s | 0x7f800000u | (m << 13);
+    else u = s | ((e + 127 - 15) << 23) | (m << 13);
+    float f; memcpy(&f, &u, 4); return f;
+}
+static inline uint16_t dp_f32_to_f16(float f) {  /* round to nearest even */
+    uint32_t u; memcpy(&u, &f, 4);
+    uint32_t s = (u >> 16) & 0x8000; int32_t e = (int32_t)((u >> 23) & 0xff) - 127 + 15;
+    uint32_t m = u & 0x7fffff;
+    if (((u >> 23) & 0xff) == 0xff) return (uint16_t)(s | 0x7c00 | (m ? 0x200 : 0));
+    if (e >= 31) return (uint16_t)(s | 0x7c00);
+    if (e <= 0) {
+        if (e < -10) return (uint16_t)s;
+        m |= 0x800000; int shift = 14 - e;
+        uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1))) r++;
+        return (uint16_t)(s | r);
+    }
+    uint32_t r = (uint32_t)(e << 10) | (m >> 13), rem = m & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) r++;
+    return (uint16_t)(s | r);
+}
+static inline float dp_load_elem(const void *p, int dtype, int64_t i) {
+    switch (dtype) {
+    case DP_BF16: return dp_bf16_to_f32(((const uint16_t *)p)[i]);
+    case DP_F16: return dp_f16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+static inline void dp_store_elem(void *p, int dtype, int64_t i, float x) {
+    switch (dtype) {
+    case DP_BF16: ((uint16_t *)p)[i] = dp_f32_to_bf16(x); break;
+    case DP_F16: ((uint16_t *)p)[i] = dp_f32_to_f16(x); break;
+    default: ((float *)p)[i] = x;
+    }
+}
+static inline int dp_elem_size(int dtype) { return dtype == DP_F32 ? 4 : 2; }
+#endif

@@ -1,0 +1,3 @@
+from dualpace.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,58 @@
+"""The engine configuration: one immutable object built at start-up and passed down.
+
+Field names are the CLI flag names with underscores (``--gpu-kv-blocks`` -> gpu_kv_blocks), so
+``LLM(model_dir, **options)`` and ``dualpace serve --flags`` share one vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    gpu_device: str = "auto"  # "auto": cuda when available, else cpu
+    dtype: str = "auto"  # "auto": bfloat16 on CUDA, float32 on CPU
+    block_size: int = 16
+    gpu_kv_blocks: int = 0  # 0: sized from --max-num-seqs x --max-model-len
+    max_model_len: int = 0  # 0: the checkpoint's max_position_embeddings
+    max_num_seqs: int = 64
+
+    def __post_init__(self):
+        if self.gpu_device not in ("auto", "cpu") and not self.gpu_device.startswith("cuda"):
+            raise ValueError(f"gpu_device: expected auto, cpu or cuda[:N], got {self.gpu_device!r}")
+        if self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise ValueError(
+                f"dtype: expected auto or one of {sorted(_DTYPES)}, got {self.dtype!r}"
+            )
+        if self.block_size not in (8, 16, 32, 64, 128):
+            raise ValueError(f"block_size: expected 8, 16, 32, 64 or 128, got {self.block_size}")
+        for name in ("gpu_kv_blocks", "max_model_len"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs: must be >= 1, got {self.max_num_seqs}")
+
+    @classmethod
+    def from_options(cls, model: str, **options) -> EngineConfig:
+        known = {f.name for f in dataclasses.fields(cls)} - {"model"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(f"unknown option(s) {unknown}; known: {sorted(known)}")
+        return cls(model=model, **options)
+
+    def torch_device(self) -> torch.device:
+        if self.gpu_device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.gpu_device)
+
+    def torch_dtype(self, device: torch.device) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return _DTYPES[self.dtype]

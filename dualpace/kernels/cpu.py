@@ -1,0 +1,205 @@
+"""CPU kernels: paged decode attention over the HND KV pool, KV append/copy (cext, §5).
+
+Every argument is validated here before it reaches C, and C re-checks the indices it
+dereferences, so no input can make the kernel read or write out of bounds.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from dualpace.kernels._lib import require
+
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+ISAS = {"scalar": 0, "avx2": 1, "avx512": 2}
+_FEAT_AVX2, _FEAT_FMA, _FEAT_F16C, _FEAT_AVX512 = 1, 2, 4, 8
+_FEAT_AVX512_BF16, _FEAT_AMX_BF16 = 16, 32
+
+
+def available() -> bool:
+    try:
+        require()
+    except RuntimeError:
+        return False
+    return True
+
+
+def cpu_features() -> dict[str, bool]:
+    _, lib = require()
+    f = lib.dp_cpu_features()
+    return {
+        "avx2": bool(f & _FEAT_AVX2) and bool(f & _FEAT_FMA) and bool(f & _FEAT_F16C),
+        "avx512": bool(f & _FEAT_AVX512),
+        "avx512_bf16": bool(f & _FEAT_AVX512_BF16),
+        "amx_bf16": bool(f & _FEAT_AMX_BF16),
+    }
+
+
+def supported_isas() -> list[str]:
+    feats = cpu_features()
+    return ["scalar"] + [name for name in ("avx2", "avx512") if feats[name]]
+
+
+def resolve_isa(name: str | None = None) -> str:
+    """The ISA path to use: ``name``, else $DUALPACE_CPU_ISA, else the best the CPU has."""
+    name = name or os.environ.get("DUALPACE_CPU_ISA") or supported_isas()[-1]
+    if name not in ISAS:
+        raise ValueError(f"DUALPACE_CPU_ISA / isa: unknown ISA {name!r}; expected one of "
+                         f"{sorted(ISAS)}")
+    if name not in supported_isas():
+        raise ValueError(f"isa: this CPU does not support {name!r} "
+                         f"(supported: {', '.join(supported_isas())})")
+    return name
+
+
+def num_threads() -> int:
+    """Threads = the cores this process is pinned to."""
+    return len(os.sched_getaffinity(0))
+
+
+def _check_tensor(t, name: str, ndim: int, dtypes) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name}: must be a CPU tensor, got device {t.device}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        raise ValueError(f"{name}: dtype {t.dtype} not supported (expected one of "
+                         f"{', '.join(str(d) for d in dtypes)})")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous")
+
+
+_ATTN_ERRORS = {
+    -3: ("seq_lens", "every length must be in [1, max_blocks * block_size]"),
+    -4: ("block_tables", "a block id in use is outside [0, num_blocks)"),
+}
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    isa: str | None = None,
+) -> torch.Tensor:
+    """One decode query per sequence over its paged KV history.
+
+    q [B, Hq, D]; k_cache, v_cache [num_blocks, Hkv, block_size, D] (one layer, HND);
+    block_tables int32 [B, max_blocks]; seq_lens int32 [B]. Returns out [B, Hq, D] in q's
+    dtype. fp32 accumulation; fp32, bf16 or fp16 q and KV; any GQA ratio.
+    """
+    ffi, lib = require()
+    fp = tuple(_DTYPE_CODES)
+    _check_tensor(q, "q", 3, fp)
+    _check_tensor(k_cache, "k_cache", 4, fp)
+    _check_tensor(v_cache, "v_cache", 4, fp)
+    _check_tensor(block_tables, "block_tables", 2, (torch.int32,))
+    _check_tensor(seq_lens, "seq_lens", 1, (torch.int32,))
+    B, Hq, D = q.shape
+    nb, Hkv, bs, Dk = k_cache.shape
+    if v_cache.shape != k_cache.shape or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"v_cache: shape/dtype {tuple(v_cache.shape)}/{v_cache.dtype} differs "
+                         f"from k_cache {tuple(k_cache.shape)}/{k_cache.dtype}")
+    if Dk != D:
+        raise ValueError(f"k_cache: head_dim {Dk} differs from q's {D}")
+    if D % 16 or not 16 <= D <= 512:
+        raise ValueError(f"q: head_dim must be a multiple of 16 in [16, 512], got {D}")
+    if Hkv == 0 or Hq % Hkv:
+        raise ValueError(f"q: {Hq} query heads are not a multiple of {Hkv} KV heads")
+    if B == 0 or nb == 0 or bs == 0:
+        raise ValueError(f"q/k_cache: empty batch or pool (B={B}, num_blocks={nb}, "
+                         f"block_size={bs})")
+    if block_tables.shape[0] != B or block_tables.shape[1] == 0:
+        raise ValueError(f"block_tables: shape {tuple(block_tables.shape)} for batch {B}")
+    if seq_lens.shape[0] != B:
+        raise ValueError(f"seq_lens: {seq_lens.shape[0]} lengths for batch {B}")
+    if not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale: must be a finite number, got {scale!r}")
+    isa_code = ISAS[resolve_isa(isa)]
+    out = torch.empty_like(q)
+    rc = lib.dp_paged_decode_attention(
+        ffi.cast("void *", q.data_ptr()), _DTYPE_CODES[q.dtype],
+        ffi.cast("void *", k_cache.data_ptr()), ffi.cast("void *", v_cache.data_ptr()),
+        _DTYPE_CODES[k_cache.dtype],
+        ffi.cast("int32_t *", block_tables.data_ptr()), block_tables.shape[1],
+        ffi.cast("int32_t *", seq_lens.data_ptr()), ffi.cast("void *", out.data_ptr()),
+        B, Hq, Hkv, D, bs, nb, float(scale), isa_code, num_threads(),
+    )
+    if rc != 0:
+        name, why = _ATTN_ERRORS.get(rc, ("kernel", f"failed with code {rc}"))
+        if rc == -5:
+            raise MemoryError("paged_decode_attention: out of memory for scratch")
+        raise ValueError(f"{name}: {why}")
+    return out
+
+
+def kv_append(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
+    """Write T tokens' K/V [T, Hkv, D] at flat slots (block * block_size + offset)."""
+    ffi, lib = require()
+    fp = tuple(_DTYPE_CODES)
+    _check_tensor(k_cache, "k_cache", 4, fp)
+    _check_tensor(v_cache, "v_cache", 4, fp)
+    _check_tensor(k, "k", 3, (k_cache.dtype,))
+    _check_tensor(v, "v", 3, (k_cache.dtype,))
+    _check_tensor(slots, "slots", 1, (torch.int64,))
+    nb, Hkv, bs, D = k_cache.shape
+    if v_cache.shape != k_cache.shape or v_cache.dtype != k_cache.dtype:
+        raise ValueError("v_cache: shape/dtype differs from k_cache")
+    T = k.shape[0]
+    if tuple(k.shape) != (T, Hkv, D) or tuple(v.shape) != (T, Hkv, D):
+        raise ValueError(f"k/v: expected shape ({T}, {Hkv}, {D}), got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    if slots.shape[0] != T:
+        raise ValueError(f"slots: {slots.shape[0]} slots for {T} tokens")
+    rc = lib.dp_kv_append(
+        ffi.cast("void *", k_cache.data_ptr()), ffi.cast("void *", v_cache.data_ptr()),
+        ffi.cast("void *", k.data_ptr()), ffi.cast("void *", v.data_ptr()),
+        ffi.cast("int64_t *", slots.data_ptr()), T, Hkv, bs, D, k_cache.element_size(), nb,
+    )
+    if rc != 0:
+        raise ValueError(f"slots: a slot is outside [0, {nb * bs})")
+
+
+def copy_blocks(
+    src: torch.Tensor, dst: torch.Tensor, src_ids: torch.Tensor, dst_ids: torch.Tensor
+) -> None:
+    """dst[dst_ids[i]] = src[src_ids[i]] for whole blocks of two pools of the same block shape."""
+    ffi, lib = require()
+    fp = tuple(_DTYPE_CODES)
+    _check_tensor(src, "src", 4, fp)
+    _check_tensor(dst, "dst", 4, (src.dtype,))
+    _check_tensor(src_ids, "src_ids", 1, (torch.int64,))
+    _check_tensor(dst_ids, "dst_ids", 1, (torch.int64,))
+    if src.shape[1:] != dst.shape[1:]:
+        raise ValueError(f"dst: block shape {tuple(dst.shape[1:])} differs from src's "
+                         f"{tuple(src.shape[1:])}")
+    if src_ids.shape != dst_ids.shape:
+        raise ValueError(f"dst_ids: {dst_ids.shape[0]} ids for {src_ids.shape[0]} source ids")
+    block_bytes = src[0].numel() * src.element_size() if src.shape[0] else 0
+    rc = lib.dp_copy_blocks(
+        ffi.cast("void *", src.data_ptr()), ffi.cast("void *", dst.data_ptr()),
+        ffi.cast("int64_t *", src_ids.data_ptr()), ffi.cast("int64_t *", dst_ids.data_ptr()),
+        src_ids.shape[0], block_bytes, src.shape[0], dst.shape[0], num_threads(),
+    )
+    if rc != 0:
+        raise ValueError(f"src_ids/dst_ids: a block id is outside [0, {src.shape[0]}) / "
+                         f"[0, {dst.shape[0]})")
+
+
+def stream_read(buf: torch.Tensor, threads: int | None = None) -> float:
+    """Sum a float32 buffer with OpenMP threads (DRAM read-bandwidth probe for benches)."""
+    ffi, lib = require()
+    _check_tensor(buf, "buf", 1, (torch.float32,))
+    return lib.dp_stream_read(ffi.cast("float *", buf.data_ptr()), buf.numel(),
+                              threads or num_threads())

@@ -1,0 +1,125 @@
+"""The decoder as explicit stages (paper §2.1, Figure 2).
+
+    pre-layer        token ids -> embeddings
+    per layer i:
+      pre-attention  RMSNorm, packed QKV, (q/k norm), RoPE, KV append      -> q
+      attention      paged attention over the cached context              -> attn
+      post-attention O proj + residual, RMSNorm, packed gate/up, SiLU*mul,
+                     down proj + residual                                  -> hidden
+    post-layer       final RMSNorm + LM head on the rows that sample      -> logits
+
+The residual stream ``hidden`` is the only state carried between layers, so any prefix of
+stages can run in one place and the rest elsewhere: the CPU worker hands post-attention
+(hidden, attn) or post-layer (hidden rows) to Dense Assist (§4.2) without extra state.
+Every stage takes a batch of rows and is device-agnostic torch code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from dualpace.kv.cache import KVCache, write_kv
+from dualpace.model.attention_ref import paged_decode_attention_ref, ragged_paged_attention
+from dualpace.model.batch import ForwardBatch
+from dualpace.model.config import ModelConfig
+from dualpace.model.rope import RotaryEmbedding
+from dualpace.model.weights import ModelWeights
+
+DecodeAttention = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
+]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Normalise in fp32 and scale in the compute dtype, in transformers' order.
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def default_decode_attention(device: torch.device) -> DecodeAttention:
+    """The C kernel on CPU when it is built, else the torch reference."""
+    if device.type == "cpu":
+        from dualpace.kernels import cpu as cpu_kernels
+
+        if cpu_kernels.available():
+            return cpu_kernels.paged_decode_attention
+    return paged_decode_attention_ref
+
+
+class StagedModel:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        weights: ModelWeights,
+        max_positions: int,
+        decode_attention: DecodeAttention | None = None,
+    ):
+        self.cfg = cfg
+        self.w = weights
+        self.device = weights.embed.device
+        self.dtype = weights.embed.dtype
+        self.rope = RotaryEmbedding(cfg.rope, cfg.head_dim, max_positions, self.dtype, self.device)
+        self.scale = cfg.head_dim**-0.5
+        self.decode_attention = decode_attention or default_decode_attention(self.device)
+
+    # --- stages --------------------------------------------------------------------------
+    def pre_layer(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.w.embed)
+
+    def pre_attention(
+        self, i: int, hidden: torch.Tensor, batch: ForwardBatch, kv: KVCache
+    ) -> torch.Tensor:
+        cfg, lw = self.cfg, self.w.layers[i]
+        x = rms_norm(hidden, lw.input_norm, cfg.rms_norm_eps)
+        qkv = F.linear(x, lw.qkv, lw.qkv_bias)
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        T = hidden.shape[0]
+        q = q.view(T, cfg.num_heads, cfg.head_dim)
+        k = k.view(T, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(T, cfg.num_kv_heads, cfg.head_dim)
+        if lw.q_norm is not None:
+            q = rms_norm(q, lw.q_norm, cfg.rms_norm_eps)
+            k = rms_norm(k, lw.k_norm, cfg.rms_norm_eps)
+        q = self.rope.apply(q, batch.positions)
+        k = self.rope.apply(k, batch.positions)
+        write_kv(kv.k[i], kv.v[i], k, v, batch.slot_mapping)
+        return q
+
+    def attention(self, i: int, q: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        if batch.is_decode:
+            out = self.decode_attention(
+                q, kv.k[i], kv.v[i], batch.block_tables, batch.seq_lens, self.scale
+            )
+        else:
+            out = ragged_paged_attention(
+                q, kv.k[i], kv.v[i], batch.block_tables, batch.query_lens_list,
+                batch.seq_lens_list, self.scale,
+            )
+        return out.reshape(q.shape[0], self.cfg.q_size)
+
+    def post_attention(self, i: int, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        cfg, lw = self.cfg, self.w.layers[i]
+        hidden = hidden + F.linear(attn, lw.o, lw.o_bias)
+        x = rms_norm(hidden, lw.post_norm, cfg.rms_norm_eps)
+        gate, up = F.linear(x, lw.gate_up).chunk(2, dim=-1)
+        return hidden + F.linear(F.silu(gate) * up, lw.down)
+
+    def post_layer(self, hidden_rows: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head on the sampling rows; logits in fp32."""
+        x = rms_norm(hidden_rows, self.w.final_norm, self.cfg.rms_norm_eps)
+        return F.linear(x, self.w.lm_head).float()
+
+    # --- compositions --------------------------------------------------------------------
+    def layer(self, i: int, hidden: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        q = self.pre_attention(i, hidden, batch, kv)
+        return self.post_attention(i, hidden, self.attention(i, q, batch, kv))
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        """Whole forward: logits [B, V] for the last row of every sequence."""
+        hidden = self.pre_layer(batch.input_ids)
+        for i in range(self.cfg.num_layers):
+            hidden = self.layer(i, hidden, batch, kv)
+        return self.post_layer(hidden[batch.logits_indices])

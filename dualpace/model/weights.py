@@ -1,0 +1,185 @@
+"""Model weights as the stage functions consume them, and their loading from safetensors.
+
+Projections are fused at load time (Fig. 2: "Packed QKV Linear", "Packed Gate/Up") so each
+dense stage issues one GEMM per projection group. Tensors are read one at a time from the
+memory-mapped files and converted to the compute dtype, so at most one tensor beyond the
+final weights is ever resident.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from dualpace.errors import CheckpointError
+from dualpace.model.config import ModelConfig
+
+_STORED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor  # [H]
+    qkv: torch.Tensor  # [q_size + 2 * kv_size, H]
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None  # [head_dim] (Qwen3)
+    k_norm: torch.Tensor | None
+    o: torch.Tensor  # [H, q_size]
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor  # [H]
+    gate_up: torch.Tensor  # [2 * I, H]
+    down: torch.Tensor  # [H, I]
+
+
+@dataclass
+class ModelWeights:
+    embed: torch.Tensor  # [V, H]
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor  # [H]
+    lm_head: torch.Tensor  # [V, H]; the same tensor as embed when tied
+
+
+class _TensorSource:
+    """Name -> tensor over one or several safetensors files, opened lazily (mmap)."""
+
+    def __init__(self, model_dir: Path, stack: ExitStack):
+        self._dir = model_dir
+        self._stack = stack
+        self._handles: dict[str, object] = {}
+        self._where = self._index(model_dir)
+
+    @staticmethod
+    def _index(model_dir: Path) -> dict[str, str]:
+        index = model_dir / "model.safetensors.index.json"
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise CheckpointError(f"{index}: malformed index ({e})") from e
+            return dict(weight_map)
+        single = model_dir / "model.safetensors"
+        if not single.is_file():
+            raise CheckpointError(
+                f"{model_dir}: neither model.safetensors nor model.safetensors.index.json found"
+            )
+        return {name: single.name for name in _open(single, None)}
+
+    def has(self, name: str) -> bool:
+        return name in self._where
+
+    def get(self, name: str) -> tuple[torch.Tensor, Path]:
+        if name not in self._where:
+            raise CheckpointError(f"{self._dir}: missing tensor {name!r}")
+        fname = self._where[name]
+        path = self._dir / fname
+        if fname not in self._handles:
+            self._handles[fname] = _open(path, self._stack)
+        try:
+            tensor = self._handles[fname].get_tensor(name)
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"{path}: cannot read tensor {name!r} ({e})") from e
+        return tensor, path
+
+
+def _open(path: Path, stack: ExitStack | None):
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file listed in the index does not exist")
+    try:
+        handle = safe_open(str(path), framework="pt", device="cpu")
+    except Exception as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from e
+    if stack is None:
+        with handle as h:
+            return list(h.keys())
+    return stack.enter_context(handle)
+
+
+class WeightLoader:
+    """Reads, checks and converts checkpoint tensors; errors name the file and tensor."""
+
+    def __init__(self, source: _TensorSource, dtype: torch.dtype, device: torch.device):
+        self.source = source
+        self.dtype = dtype
+        self.device = device
+
+    def load(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        tensor, path = self.source.get(name)
+        if tuple(tensor.shape) != tuple(shape):
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(shape)}"
+            )
+        if tensor.dtype not in _STORED_DTYPES:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} is stored as {tensor.dtype}; "
+                "supported: float32, float16, bfloat16"
+            )
+        return tensor.to(device=self.device, dtype=self.dtype)
+
+    def load_cat(self, names_shapes: list[tuple[str, tuple[int, ...]]]) -> torch.Tensor:
+        return torch.cat([self.load(n, s) for n, s in names_shapes], dim=0)
+
+
+def _layer(cfg: ModelConfig, w: WeightLoader, i: int) -> LayerWeights:
+    p = f"model.layers.{i}."
+    H, D, I = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size  # noqa: E741
+    qkv_parts = [
+        (p + "self_attn.q_proj", cfg.q_size),
+        (p + "self_attn.k_proj", cfg.kv_size),
+        (p + "self_attn.v_proj", cfg.kv_size),
+    ]
+    return LayerWeights(
+        input_norm=w.load(p + "input_layernorm.weight", (H,)),
+        qkv=w.load_cat([(n + ".weight", (rows, H)) for n, rows in qkv_parts]),
+        qkv_bias=w.load_cat([(n + ".bias", (rows,)) for n, rows in qkv_parts])
+        if cfg.qkv_bias
+        else None,
+        q_norm=w.load(p + "self_attn.q_norm.weight", (D,)) if cfg.qk_norm else None,
+        k_norm=w.load(p + "self_attn.k_norm.weight", (D,)) if cfg.qk_norm else None,
+        o=w.load(p + "self_attn.o_proj.weight", (H, cfg.q_size)),
+        o_bias=w.load(p + "self_attn.o_proj.bias", (H,)) if cfg.o_bias else None,
+        post_norm=w.load(p + "post_attention_layernorm.weight", (H,)),
+        gate_up=w.load_cat(
+            [(p + "mlp.gate_proj.weight", (I, H)), (p + "mlp.up_proj.weight", (I, H))]
+        ),
+        down=w.load(p + "mlp.down_proj.weight", (H, I)),
+    )
+
+
+def load_weights(
+    model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> ModelWeights:
+    """Load a checkpoint's weights into fused, compute-dtype tensors on ``device``."""
+    model_dir = Path(model_dir)
+    with ExitStack() as stack:
+        loader = WeightLoader(_TensorSource(model_dir, stack), dtype, torch.device(device))
+        V, H = cfg.vocab_size, cfg.hidden_size
+        embed = loader.load("model.embed_tokens.weight", (V, H))
+        layers = [_layer(cfg, loader, i) for i in range(cfg.num_layers)]
+        final_norm = loader.load("model.norm.weight", (H,))
+        if loader.source.has("lm_head.weight") and not cfg.tie_word_embeddings:
+            lm_head = loader.load("lm_head.weight", (V, H))
+        elif cfg.tie_word_embeddings:
+            lm_head = embed
+        else:
+            raise CheckpointError(
+                f"{model_dir}: missing tensor 'lm_head.weight' (tie_word_embeddings is false)"
+            )
+    return ModelWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
+
+
+def iter_weight_bytes(weights: ModelWeights) -> Iterator[int]:
+    """Bytes of every distinct weight tensor (the weight-streaming roofline's numerator)."""
+    seen: set[int] = set()
+    tensors = [weights.embed, weights.final_norm, weights.lm_head]
+    for layer in weights.layers:
+        tensors += [t for t in vars(layer).values() if t is not None]
+    for t in tensors:
+        if id(t) not in seen:
+            seen.add(id(t))
+            yield t.numel() * t.element_size()

@@ -1,0 +1,72 @@
+"""Per-request sampling parameters, with vLLM's field names and validation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def _check(cond: bool, name: str, message: str) -> None:
+    if not cond:
+        raise ValueError(f"{name}: {message}")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens and when to stop.
+
+    temperature 0 means greedy. top_k <= 0 (vLLM uses -1) and top_p 1 disable the filters.
+    A ``seed`` makes the request's tokens reproducible and independent of what else shares
+    its batch. ``max_tokens=None`` means "up to the model length".
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    max_tokens: int | None = 16
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        # Accept lists / a single string for stop and stop_token_ids, store tuples (hashable).
+        stop = self.stop
+        if stop is None:
+            stop = ()
+        elif isinstance(stop, str):
+            stop = (stop,)
+        _check(isinstance(stop, (list, tuple)), "stop", "must be a string or a list of strings")
+        _check(all(isinstance(s, str) for s in stop), "stop", "every entry must be a string")
+        _check(all(len(s) > 0 for s in stop), "stop", "stop strings must not be empty")
+        object.__setattr__(self, "stop", tuple(stop))
+        ids = self.stop_token_ids if self.stop_token_ids is not None else ()
+        _check(isinstance(ids, (list, tuple)), "stop_token_ids", "must be a list of integers")
+        _check(all(_is_int(i) and i >= 0 for i in ids), "stop_token_ids",
+               "every entry must be a non-negative integer")
+        object.__setattr__(self, "stop_token_ids", tuple(ids))
+
+        _check(_is_int(self.n) and self.n == 1, "n", "only n=1 is supported")
+        _check(_is_num(self.temperature) and 0.0 <= self.temperature <= 100.0, "temperature",
+               f"must be a number in [0, 100], got {self.temperature!r}")
+        _check(_is_num(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p",
+               f"must be in (0, 1], got {self.top_p!r}")
+        _check(_is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 0), "top_k",
+               f"must be -1 (disabled), 0 (disabled) or a positive integer, got {self.top_k!r}")
+        _check(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**63), "seed",
+               f"must be an integer in [0, 2^63), got {self.seed!r}")
+        _check(self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
+               "max_tokens", f"must be a positive integer, got {self.max_tokens!r}")
+        _check(isinstance(self.ignore_eos, bool), "ignore_eos", "must be a boolean")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
