@@ -1,0 +1,84 @@
+"""The offline ``LLM`` API: prompts, stopping, seeds, limits and errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from dualpace import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(llama_checkpoint):
+    return LLM(str(llama_checkpoint[0]), max_model_len=256, gpu_kv_blocks=64)
+
+
+def test_string_and_token_prompts_agree(llm):
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    by_text = llm.generate("hello", greedy)[0]
+    by_ids = llm.generate([llm.tokenizer.encode("hello")], greedy)[0]
+    assert by_text.token_ids == by_ids.token_ids and len(by_text.token_ids) == 8
+    assert by_text.text == llm.tokenizer.decode(by_text.token_ids)
+
+
+def test_seeded_sampling_reproducible_and_batch_independent(llm):
+    p = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=16, ignore_eos=True)
+    alone = llm.generate(["abc"], p)[0].token_ids
+    again = llm.generate(["abc"], p)[0].token_ids
+    others = [SamplingParams(temperature=1.0, seed=s, max_tokens=30, ignore_eos=True)
+              for s in range(3)]
+    batch = llm.generate(["zz", "abc", "a much longer prompt than the others"],
+                         [others[0], p, others[1]])
+    assert alone == again == batch[1].token_ids
+    other_seed = llm.generate(["abc"], SamplingParams(temperature=1.0, top_p=0.9, seed=99,
+                                                     max_tokens=16, ignore_eos=True))
+    assert other_seed[0].token_ids != alone
+
+
+def test_stop_token_ids_and_eos(llm):
+    ref = llm.generate("x", SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0]
+    target = ref.token_ids[5]
+    first = ref.token_ids.index(target)
+    out = llm.generate("x", SamplingParams(temperature=0, max_tokens=20,
+                                           stop_token_ids=[target]))[0]
+    assert out.finish_reason == "stop" and out.token_ids == ref.token_ids[: first + 1]
+
+
+def test_stop_string_truncates_text(llm):
+    ref = llm.generate("q", SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0]
+    text = ref.text
+    stop = next((text[i:i + 2] for i in range(4, len(text) - 2)
+                 if "\ufffd" not in text[i:i + 2]), None)
+    if stop is None:
+        pytest.fail(f"no usable stop string in {text!r}")
+    out = llm.generate("q", SamplingParams(temperature=0, max_tokens=24, stop=[stop],
+                                           ignore_eos=True))[0]
+    assert out.finish_reason == "stop"
+    assert out.text == text[: text.index(stop)]
+
+
+def test_limits_and_bad_prompts(llm):
+    with pytest.raises(ValueError, match="maximum context length is 256 tokens"):
+        llm.generate([[1] * 200], SamplingParams(max_tokens=100))
+    with pytest.raises(ValueError, match="prompt"):
+        llm.generate([[]], SamplingParams())
+    with pytest.raises(ValueError, match="out of vocabulary"):
+        llm.generate([[1, 99999]], SamplingParams())
+    with pytest.raises(ValueError, match="params"):
+        llm.generate(["a", "b"], [SamplingParams()])
+    out = llm.generate([[1] * 250], SamplingParams(max_tokens=None, temperature=0,
+                                                   ignore_eos=True))[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 6
+
+
+def test_unknown_option_is_rejected(llama_checkpoint):
+    with pytest.raises(TypeError, match="gpu_kv_blokcs"):
+        LLM(str(llama_checkpoint[0]), gpu_kv_blokcs=3)
+    with pytest.raises(ValueError, match="block_size"):
+        LLM(str(llama_checkpoint[0]), block_size=12)
+
+
+def test_context_manager_shuts_down(llama_checkpoint):
+    with LLM(str(llama_checkpoint[0]), gpu_kv_blocks=16) as llm:
+        llm.generate("a", SamplingParams(max_tokens=2))
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.generate("a", SamplingParams(max_tokens=2))

@@ -1,0 +1,143 @@
+"""cext paged decode attention against the torch reference, on every ISA this CPU has."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dualpace.kernels import cpu
+from dualpace.model.attention_ref import paged_decode_attention_ref
+
+ALL_ISAS = ["scalar", "avx2", "avx512"]
+SUPPORTED = cpu.supported_isas()
+# Max abs error vs the fp32 reference, for outputs of unit scale. fp32 KV: the kernel's
+# polynomial exp and summation order (~1e-6; ~2e-5 with scores of magnitude ~50).
+# bf16/fp16 KV: the inputs' own rounding
+# (bf16 has 8 mantissa bits, ~4e-3 relative) dominates; the reference sees the same
+# rounded values, so what remains is the output rounding to q's dtype.
+TOL = {torch.float32: 5e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
+
+
+def isa_param(name: str):
+    return pytest.param(name, marks=pytest.mark.skipif(
+        name not in SUPPORTED, reason=f"this CPU has no {name} (has {SUPPORTED})"))
+
+
+ISA_PARAMS = [isa_param(n) for n in ALL_ISAS]
+
+
+def make_case(seed, lens, hkv, group, head_dim, block_size, dtype, extra_blocks=3):
+    g = torch.Generator().manual_seed(seed)
+    per_seq = [-(-n // block_size) for n in lens]
+    num_blocks = sum(per_seq) + extra_blocks
+    k = torch.randn(num_blocks, hkv, block_size, head_dim, generator=g).to(dtype)
+    v = torch.randn(num_blocks, hkv, block_size, head_dim, generator=g).to(dtype)
+    q = torch.randn(len(lens), hkv * group, head_dim, generator=g).to(dtype)
+    perm = torch.randperm(num_blocks, generator=g)  # shuffled, non-contiguous tables
+    max_blocks = max(per_seq) + 1
+    tables = torch.zeros(len(lens), max_blocks, dtype=torch.int32)
+    at = 0
+    for i, nb in enumerate(per_seq):
+        tables[i, :nb] = perm[at: at + nb].int()
+        at += nb
+    return q, k, v, tables, torch.tensor(lens, dtype=torch.int32)
+
+
+def check(isa, q, k, v, tables, lens, scale):
+    out = cpu.paged_decode_attention(q, k, v, tables, lens, scale, isa=isa)
+    ref = paged_decode_attention_ref(q.float(), k.float(), v.float(), tables, lens, scale)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    err = (out.float() - ref).abs().max().item()
+    assert err <= TOL[q.dtype], f"max abs error {err} > {TOL[q.dtype]}"
+
+
+@pytest.mark.parametrize("isa", ISA_PARAMS)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**31),
+    block_size=st.sampled_from([8, 16, 32, 128]),
+    group=st.sampled_from([1, 4, 8]),
+    hkv=st.sampled_from([1, 2]),
+    head_dim=st.sampled_from([64, 128]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    data=st.data(),
+)
+def test_random_ragged_batches(isa, seed, block_size, group, hkv, head_dim, dtype, data):
+    lens = data.draw(st.lists(
+        st.one_of(st.integers(1, 300), st.sampled_from([block_size, 2 * block_size,
+                                                        5 * block_size + 1])),
+        min_size=1, max_size=6))
+    q, k, v, tables, sl = make_case(seed, lens, hkv, group, head_dim, block_size, dtype)
+    check(isa, q, k, v, tables, sl, head_dim**-0.5)
+
+
+@pytest.mark.parametrize("isa", ISA_PARAMS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_contexts_split_kv(isa, dtype):
+    """One long request among short ones: the split-KV + LSE merge path."""
+    lens = [8192, 1, 4096, 16 * 37]
+    q, k, v, tables, sl = make_case(3, lens, 2, 4, 128, 16, dtype)
+    check(isa, q, k, v, tables, sl, 128**-0.5)
+    q, k, v, tables, sl = make_case(4, [8192], 1, 8, 64, 128, dtype)
+    check(isa, q, k, v, tables, sl, 64**-0.5)
+
+
+@pytest.mark.parametrize("isa", ISA_PARAMS)
+def test_head_dims_and_large_scores(isa):
+    for d in (16, 96, 256):
+        q, k, v, tables, sl = make_case(d, [1, 70, 300], 2, 2, d, 16, torch.float32)
+        check(isa, q * 4, k * 4, v, tables, sl, d**-0.5)  # sharp softmax: exp range matters
+
+
+def test_forcing_an_isa_by_environment(monkeypatch):
+    q, k, v, tables, sl = make_case(0, [5, 40], 1, 1, 64, 16, torch.float32)
+    monkeypatch.setenv("DUALPACE_CPU_ISA", "scalar")
+    check(None, q, k, v, tables, sl, 0.125)
+    monkeypatch.setenv("DUALPACE_CPU_ISA", "sse9")
+    with pytest.raises(ValueError, match="unknown ISA"):
+        cpu.paged_decode_attention(q, k, v, tables, sl, 0.125)
+    unsupported = [n for n in ALL_ISAS if n not in SUPPORTED]
+    for name in unsupported:
+        monkeypatch.setenv("DUALPACE_CPU_ISA", name)
+        with pytest.raises(ValueError, match="does not support"):
+            cpu.paged_decode_attention(q, k, v, tables, sl, 0.125)
+
+
+def _good():
+    return make_case(0, [5, 40], 2, 2, 64, 16, torch.float32)
+
+
+def _bad_cases():
+    q, k, v, t, s = _good()
+    yield "q", (q.double(), k, v, t, s, 0.1)
+    yield "q", (q[:, :, :48].contiguous()[:, :, :40], k, v, t, s, 0.1)
+    yield "q", (q.transpose(0, 1), k, v, t, s, 0.1)
+    yield "q", (q[0], k, v, t, s, 0.1)
+    yield "q", ("not a tensor", k, v, t, s, 0.1)
+    yield "k_cache", (q, k[..., :32].contiguous(), v, t, s, 0.1)
+    yield "k_cache", (q, k.to(torch.int32), v, t, s, 0.1)
+    yield "v_cache", (q, k, v.bfloat16(), t, s, 0.1)
+    yield "v_cache", (q, k, v[:-1], t, s, 0.1)
+    yield "q", (q[:, :3].contiguous(), k, v, t, s, 0.1)  # 3 heads over 2 KV heads
+    yield "block_tables", (q, k, v, t.long(), s, 0.1)
+    yield "block_tables", (q, k, v, t[:1], s, 0.1)
+    bad = t.clone()
+    bad[1, 0] = k.shape[0]
+    yield "block_tables", (q, k, v, bad, s, 0.1)
+    bad = t.clone()
+    bad[0, 0] = -1
+    yield "block_tables", (q, k, v, bad, s, 0.1)
+    yield "seq_lens", (q, k, v, t, s.long(), 0.1)
+    yield "seq_lens", (q, k, v, t, s[:1], 0.1)
+    yield "seq_lens", (q, k, v, t, torch.tensor([0, 3], dtype=torch.int32), 0.1)
+    yield "seq_lens", (q, k, v, t, torch.tensor([5, 10_000], dtype=torch.int32), 0.1)
+    yield "seq_lens", (q, k, v, t, torch.tensor([-4, 3], dtype=torch.int32), 0.1)
+    yield "scale", (q, k, v, t, s, float("nan"))
+
+
+@pytest.mark.parametrize("name,args", list(_bad_cases()))
+def test_bad_arguments_raise_value_error(name, args):
+    with pytest.raises(ValueError, match=name):
+        cpu.paged_decode_attention(*args)

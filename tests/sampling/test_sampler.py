@@ -1,0 +1,80 @@
+"""Batched sampling: greedy, filters, seeds, batch independence, and the distribution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dualpace.sampling.params import SamplingParams
+from dualpace.sampling.sampler import SamplingRow, sample
+
+
+def row(temperature=1.0, top_p=1.0, top_k=-1, seed=0, step=0):
+    return SamplingRow(temperature, top_p, top_k, seed, step)
+
+
+def test_greedy_and_top_k_1_take_the_argmax():
+    logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0))
+    best = logits.argmax(-1).tolist()
+    assert sample(logits, [row(temperature=0.0)] * 5) == best
+    assert sample(logits, [row(top_k=1, seed=s) for s in range(5)]) == best
+
+
+def test_top_p_keeps_only_the_nucleus():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().repeat(400, 1)
+    got = sample(logits, [row(top_p=0.7, seed=s) for s in range(400)])
+    assert set(got) == {0, 1}  # 0.5 + 0.3 covers 0.7; tokens 2 and 3 are cut
+
+
+def test_top_k_keeps_only_k_tokens():
+    logits = torch.tensor([3.0, 2.0, 1.0, 0.0]).repeat(300, 1)
+    assert set(sample(logits, [row(top_k=2, seed=s) for s in range(300)])) == {0, 1}
+
+
+def test_sampled_frequencies_follow_the_distribution():
+    probs = torch.tensor([0.6, 0.25, 0.1, 0.05])
+    n = 4000
+    got = torch.tensor(sample(probs.log().repeat(n, 1), [row(seed=s) for s in range(n)]))
+    freq = torch.bincount(got, minlength=4).float() / n
+    # 4 standard deviations of a binomial proportion at n=4000 is < 0.031.
+    assert torch.allclose(freq, probs, atol=0.031), freq
+
+
+def test_temperature_sharpens():
+    logits = torch.tensor([1.0, 0.0]).repeat(2000, 1)
+    cold = sample(logits, [row(temperature=0.25, seed=s) for s in range(2000)])
+    hot = sample(logits, [row(temperature=4.0, seed=s) for s in range(2000)])
+    assert cold.count(0) > 1900 and 1050 < hot.count(0) < 1350
+
+
+def test_same_seed_same_token_whatever_the_batch():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(6, 100, generator=g)
+    alone = [sample(logits[i:i + 1], [row(seed=42 + i, step=3)])[0] for i in range(6)]
+    mixed_rows = [row(seed=42 + i, step=3) for i in range(6)]
+    mixed_rows[2] = row(temperature=0.0)  # a greedy neighbour changes nothing for others
+    together = sample(logits, mixed_rows)
+    for i in (0, 1, 3, 4, 5):
+        assert together[i] == alone[i]
+    # The step index changes the draw; the same (seed, step) repeats it.
+    draws = {sample(logits[:1], [row(seed=9, step=s)])[0] for s in range(30)}
+    assert len(draws) > 5
+    assert sample(logits[:1], [row(seed=9, step=4)]) == sample(logits[:1], [row(seed=9, step=4)])
+
+
+@pytest.mark.parametrize("field,value", [
+    ("temperature", -0.1), ("temperature", "hot"), ("top_p", 0.0), ("top_p", 1.5),
+    ("top_k", -2), ("top_k", 1.5), ("seed", -1), ("seed", 2**64), ("max_tokens", 0),
+    ("max_tokens", 2.0), ("n", 2), ("stop", [1]), ("stop", [""]), ("stop_token_ids", [-1]),
+    ("stop_token_ids", "x"), ("ignore_eos", "yes"),
+])
+def test_invalid_params_name_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_params_normalise_stop_fields():
+    p = SamplingParams(stop="###", stop_token_ids=[5, 6])
+    assert p.stop == ("###",) and p.stop_token_ids == (5, 6)
+    assert SamplingParams(temperature=0).greedy
