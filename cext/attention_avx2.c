@@ -101,3 +101,13 @@ double dp_stream_read_avx2(const float *buf, int64_t n) {
     for (; i < n; i++) s += buf[i];
     return s;
 }
+
+typedef __m256 VEC;
+#define VW 8
+static inline VEC vzero(void) { return _mm256_setzero_ps(); }
+static inline VEC vload_x(const float *p) { return _mm256_loadu_ps(p); }
+static inline VEC vload_w(const char *p, int dtype) { return load8(p, dtype); }
+static inline VEC vfma(VEC a, VEC b, VEC c) { return _mm256_fmadd_ps(a, b, c); }
+static inline float vreduce(VEC v) { return hsum8(v); }
+#define LINEAR_FN dp_linear_avx2
+#include "linear_body.h"

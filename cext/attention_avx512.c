@@ -84,3 +84,13 @@ static inline float prim_exp_sub(float *s, int n, float m) {
 
 #define DP_ITEM_FN dp_attn_item_avx512
 #include "attention_body.h"
+
+typedef __m512 VEC;
+#define VW 16
+static inline VEC vzero(void) { return _mm512_setzero_ps(); }
+static inline VEC vload_x(const float *p) { return _mm512_loadu_ps(p); }
+static inline VEC vload_w(const char *p, int dtype) { return load16(p, dtype); }
+static inline VEC vfma(VEC a, VEC b, VEC c) { return _mm512_fmadd_ps(a, b, c); }
+static inline float vreduce(VEC v) { return _mm512_reduce_add_ps(v); }
+#define LINEAR_FN dp_linear_avx512
+#include "linear_body.h"

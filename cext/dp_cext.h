@@ -30,6 +30,11 @@ int dp_paged_decode_attention(
     int B, int Hq, int Hkv, int D, int BS, int num_blocks, float scale,
     int isa, int num_threads);
 
+/* Decode-shaped dense linear: out[M,N] (fp32) = x[M,K] (fp32) @ W[N,K]^T + bias[N]
+ * (bias may be NULL); W fp32, bf16 or fp16; K a multiple of 16. Bound by reading W. */
+int dp_linear(const float *x, int M, int K, const void *w, int w_dtype, int N,
+              const float *bias, float *out, int isa, int num_threads);
+
 /* Write T tokens' K/V ([T, Hkv, D], same dtype as the cache) at flat slots of one layer. */
 int dp_kv_append(void *k_cache, void *v_cache, const void *k, const void *v,
                  const int64_t *slots, int T, int Hkv, int BS, int D, int elem_size,

@@ -6,6 +6,7 @@ dereferences, so no input can make the kernel read or write out of bounds.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -27,7 +28,9 @@ def available() -> bool:
     return True
 
 
+@functools.cache
 def cpu_features() -> dict[str, bool]:
+    """What the CPU and OS support (CPUID is slow under virtualisation: read it once)."""
     _, lib = require()
     f = lib.dp_cpu_features()
     return {
@@ -38,14 +41,14 @@ def cpu_features() -> dict[str, bool]:
     }
 
 
+@functools.cache
 def supported_isas() -> list[str]:
     feats = cpu_features()
     return ["scalar"] + [name for name in ("avx2", "avx512") if feats[name]]
 
 
-def resolve_isa(name: str | None = None) -> str:
-    """The ISA path to use: ``name``, else $DUALPACE_CPU_ISA, else the best the CPU has."""
-    name = name or os.environ.get("DUALPACE_CPU_ISA") or supported_isas()[-1]
+@functools.cache
+def _validated_isa(name: str) -> str:
     if name not in ISAS:
         raise ValueError(f"DUALPACE_CPU_ISA / isa: unknown ISA {name!r}; expected one of "
                          f"{sorted(ISAS)}")
@@ -53,6 +56,11 @@ def resolve_isa(name: str | None = None) -> str:
         raise ValueError(f"isa: this CPU does not support {name!r} "
                          f"(supported: {', '.join(supported_isas())})")
     return name
+
+
+def resolve_isa(name: str | None = None) -> str:
+    """The ISA path to use: ``name``, else $DUALPACE_CPU_ISA, else the best the CPU has."""
+    return _validated_isa(name or os.environ.get("DUALPACE_CPU_ISA") or supported_isas()[-1])
 
 
 def num_threads() -> int:
@@ -203,3 +211,33 @@ def stream_read(buf: torch.Tensor, threads: int | None = None) -> float:
     _check_tensor(buf, "buf", 1, (torch.float32,))
     return lib.dp_stream_read(ffi.cast("float *", buf.data_ptr()), buf.numel(),
                               threads or num_threads())
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           *, isa: str | None = None) -> torch.Tensor:
+    """x [M, K] fp32 @ weight [N, K]^T (+ bias [N] fp32) -> [M, N] fp32.
+
+    Weight-streaming kernel for decode-sized M: reads W once per 4 rows of x, fp32/bf16/fp16
+    weights converted in registers. K must be a multiple of 16.
+    """
+    ffi, lib = require()
+    _check_tensor(x, "x", 2, (torch.float32,))
+    _check_tensor(weight, "weight", 2, tuple(_DTYPE_CODES))
+    M, K = x.shape
+    N, Kw = weight.shape
+    if Kw != K:
+        raise ValueError(f"weight: in-features {Kw} differ from x's {K}")
+    if K % 16 or M == 0 or N == 0:
+        raise ValueError(f"x/weight: need M, N > 0 and K a multiple of 16 (M={M}, N={N}, K={K})")
+    if bias is not None:
+        _check_tensor(bias, "bias", 1, (torch.float32,))
+        if bias.shape[0] != N:
+            raise ValueError(f"bias: {bias.shape[0]} entries for {N} outputs")
+    out = torch.empty(M, N, dtype=torch.float32)
+    lib.dp_linear(
+        ffi.cast("float *", x.data_ptr()), M, K, ffi.cast("void *", weight.data_ptr()),
+        _DTYPE_CODES[weight.dtype], N,
+        ffi.cast("float *", bias.data_ptr()) if bias is not None else ffi.NULL,
+        ffi.cast("float *", out.data_ptr()), ISAS[resolve_isa(isa)], num_threads(),
+    )
+    return out

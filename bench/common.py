@@ -1,0 +1,56 @@
+"""Helpers shared by the benchmarks: timing medians, DRAM bandwidth, the reference model."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    """Median wall time of ``fn()`` in seconds."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def dram_read_bandwidth(threads: int | None = None, mib: int = 512, repeats: int = 5) -> float:
+    """Bytes/s a C/OpenMP streaming read reaches with ``threads`` threads (same as kernels)."""
+    from dualpace.kernels import cpu
+
+    buf = torch.ones(mib * 1024 * 1024 // 4)
+    t = median_time(lambda: cpu.stream_read(buf, threads), repeats, warmup=2)
+    return buf.numel() * 4 / t
+
+
+def reference_model_dir() -> Path:
+    """The llama.cpp comparison shape: hidden 512, 8 layers, vocab 32000, fp32 (~58M params)."""
+    from dualpace.demo_model import DemoSpec, default_demo_dir, make_demo_model
+
+    spec = DemoSpec(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=8,
+                    intermediate_size=1376, extra_vocab=32000 - 261)
+    path = default_demo_dir().parent / "bench-llama-55m"
+    if not (path / "model.safetensors").is_file():
+        make_demo_model(path, spec)
+    return path
+
+
+def emit(result: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result))
+    else:
+        print(json.dumps(result, indent=2))

@@ -1,0 +1,128 @@
+"""Decode tokens/s of the in-process model vs transformers vs the weight-streaming roofline.
+
+    python bench/decode_throughput.py --json
+
+For each batch size B: B prompts of --prompt-len tokens are prefilled, then --steps greedy
+decode steps are timed (batch build, all stages, sampling). transformers runs batched
+``generate`` on the same weights; its prefill time (measured with one new token) is
+subtracted. The roofline is B tokens per (weight bytes / measured DRAM read bandwidth).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+
+import torch
+from common import dram_read_bandwidth, emit, median_time, reference_model_dir
+
+from dualpace.kernels import cpu as cpu_kernels
+from dualpace.kv.block_pool import BlockPool, BlockTable
+from dualpace.kv.cache import KVCache
+from dualpace.model.batch import SeqChunk, build_forward_batch
+from dualpace.model.config import load_model_config
+from dualpace.model.stages import StagedModel
+from dualpace.model.weights import iter_weight_bytes, load_weights
+from dualpace.sampling.sampler import SamplingRow, sample
+
+
+def ours_tokens_per_s(model, cfg, batch: int, prompt_len: int, steps: int, repeats: int):
+    bs = 16
+    need = batch * -(-(prompt_len + steps + 1) // bs)
+    pool = BlockPool(need, bs)
+    kv = KVCache(cfg.num_layers, need, cfg.num_kv_heads, bs, cfg.head_dim, model.dtype)
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=g).tolist()
+    rows = [SamplingRow(0.0, 1.0, -1, 0, 0)] * batch
+
+    def run():
+        tables = [BlockTable(pool) for _ in range(batch)]
+        for t in tables:
+            t.append(prompt_len)
+        fb = build_forward_batch([SeqChunk(p, 0, t.blocks) for p, t in zip(prompts, tables)], bs)
+        last = sample(model.forward(fb, kv), rows)
+        import time
+
+        t0 = time.perf_counter()
+        for s in range(steps):
+            chunks = []
+            for t, tok in zip(tables, last):
+                t.append(1)
+                chunks.append(SeqChunk([tok], prompt_len + s, t.blocks))
+            fb = build_forward_batch(chunks, bs)
+            last = sample(model.forward(fb, kv), rows)
+        dt = time.perf_counter() - t0
+        for t in tables:
+            t.release()
+        run.last = dt
+
+    times = []
+    run()
+    for _ in range(repeats):
+        run()
+        times.append(run.last)
+    times.sort()
+    return batch * steps / times[len(times) // 2]
+
+
+def hf_tokens_per_s(path, batch: int, prompt_len: int, steps: int, repeats: int):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None
+    ids = torch.randint(0, hf.config.vocab_size, (batch, prompt_len),
+                        generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+
+    def gen(n):
+        with torch.no_grad():
+            hf.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n,
+                        min_new_tokens=n, pad_token_id=0)
+
+    t_prefill = median_time(lambda: gen(1), repeats)
+    t_all = median_time(lambda: gen(steps + 1), repeats)
+    return batch * steps / max(t_all - t_prefill, 1e-9)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--json", action="store_true", help="one JSON object on the last line")
+    ap.add_argument("--model", help="checkpoint dir (default: the 55M llama.cpp-comparison model)")
+    ap.add_argument("--batch-sizes", default="1,8,32")
+    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
+    args = ap.parse_args()
+
+    path = args.model or reference_model_dir()
+    cfg = load_model_config(path)
+    weights = load_weights(path, cfg, torch.float32)
+    weight_bytes = sum(iter_weight_bytes(weights))
+    model = StagedModel(cfg, weights, args.prompt_len + args.steps + 8)
+    threads = cpu_kernels.num_threads()
+    bw = dram_read_bandwidth(threads)
+    results = []
+    for b in (int(x) for x in args.batch_sizes.split(",")):
+        ours = ours_tokens_per_s(model, cfg, b, args.prompt_len, args.steps, args.repeats)
+        roof = b * bw / weight_bytes
+        row = {"batch": b, "ours_tokens_per_s": round(ours, 1),
+               "roofline_tokens_per_s": round(roof, 1),
+               "ours_vs_roofline": round(ours / roof, 3)}
+        if not args.no_hf:
+            hf = hf_tokens_per_s(path, b, args.prompt_len, args.steps, args.repeats)
+            row.update({"transformers_tokens_per_s": round(hf, 1),
+                        "ours_vs_transformers": round(ours / hf, 2)})
+        results.append(row)
+    emit({
+        "bench": "decode_throughput", "model": str(path),
+        "params_m": round(weight_bytes / 4 / 1e6, 1), "weight_bytes": weight_bytes,
+        "threads": threads, "torch_threads": torch.get_num_threads(),
+        "dram_read_gb_per_s": round(bw / 1e9, 1), "cpu": platform.processor() or "?",
+        "isa": cpu_kernels.resolve_isa(), "prompt_len": args.prompt_len, "steps": args.steps,
+        "results": results,
+    }, args.json)
+
+
+if __name__ == "__main__":
+    main()

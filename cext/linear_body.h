@@ -1,0 +1,57 @@
+/* Decode-shaped dense linear out[M,N] = x[M,K] @ W[N,K]^T (+ bias), instantiated per ISA.
+ * Decode batches have few rows, so the product is bound by streaming W from memory: each
+ * thread takes a contiguous range of W rows, and a register tile of MR x-rows by NR W-rows
+ * reads every W element once per MR rows of x. Before including define: VEC, VW (lanes),
+ * vzero(), vload_x(p), vload_w(p, dtype), vfma(a, b, c), vreduce(v), and LINEAR_FN. */
+#define MR 4
+#define NR 4
+
+static inline __attribute__((always_inline)) void lin_tile(
+    const float *x, int K, int mr, const char *w, int wdt, int nr, const float *bias,
+    float *out, int N, int n0) {
+    const int esz = dp_elem_size(wdt);
+    VEC acc[MR][NR];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) acc[i][j] = vzero();
+    for (int k = 0; k < K; k += VW) {
+        VEC wv[NR];
+        for (int j = 0; j < NR; j++)
+            wv[j] = j < nr ? vload_w(w + ((int64_t)j * K + k) * esz, wdt) : vzero();
+        for (int i = 0; i < MR; i++) {
+            if (i >= mr) break;
+            const VEC xv = vload_x(x + (int64_t)i * K + k);
+            for (int j = 0; j < NR; j++)
+                if (j < nr) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++)
+            out[(int64_t)i * N + n0 + j] = vreduce(acc[i][j]) + (bias ? bias[n0 + j] : 0.f);
+}
+
+void LINEAR_FN(const float *x, int M, int K, const void *w, int wdt, int N,
+               const float *bias, float *out, int n_lo, int n_hi) {
+    const int esz = dp_elem_size(wdt);
+    for (int n = n_lo; n < n_hi; n += NR) {
+        const int nr = n_hi - n < NR ? n_hi - n : NR;
+        const char *wp = (const char *)w + (int64_t)n * K * esz;
+        for (int m = 0; m < M; m += MR) {
+            const int mr = M - m < MR ? M - m : MR;
+            const float *xp = x + (int64_t)m * K;
+            float *op = out + (int64_t)m * N;
+            /* constant tile sizes let the compiler keep every accumulator in a register */
+            if (nr == NR) {
+                switch (mr) {
+                case 4: lin_tile(xp, K, 4, wp, wdt, NR, bias, op, N, n); break;
+                case 3: lin_tile(xp, K, 3, wp, wdt, NR, bias, op, N, n); break;
+                case 2: lin_tile(xp, K, 2, wp, wdt, NR, bias, op, N, n); break;
+                default: lin_tile(xp, K, 1, wp, wdt, NR, bias, op, N, n); break;
+                }
+            } else {
+                lin_tile(xp, K, mr, wp, wdt, nr, bias, op, N, n);
+            }
+        }
+    }
+}
+#undef MR
+#undef NR
