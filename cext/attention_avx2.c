@@ -5,7 +5,7 @@
 #include <math.h>
 #include "dp_internal.h"
 
-static inline __m256 load8(const void *p, int dtype) {
+static inline __attribute__((always_inline)) __m256 load8(const void *p, int dtype) {
     switch (dtype) {
     case DP_BF16:
         return _mm256_castsi256_ps(_mm256_slli_epi32(
@@ -39,39 +39,88 @@ static inline __m256 exp8(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-#define MAXG 16
-static inline void prim_dot_group(const float *q, const void *k, int dtype, int D, int G,
-                                  float *out) {
+static inline __attribute__((always_inline)) void qk_tile(const float *q, const char *k, int64_t row, int dtype,
+                                        int D, int G, int TT, float *s, int BS) {
     const int esz = dp_elem_size(dtype);
-    for (int g0 = 0; g0 < G; g0 += MAXG) {
-        const int gn = G - g0 < MAXG ? G - g0 : MAXG;
-        __m256 acc[MAXG];
-        for (int g = 0; g < gn; g++) acc[g] = _mm256_setzero_ps();
-        for (int d = 0; d < D; d += 8) {
-            const __m256 kv = load8((const char *)k + (int64_t)d * esz, dtype);
-            for (int g = 0; g < gn; g++)
-                acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (g0 + g) * D + d), kv, acc[g]);
-        }
-        for (int g = 0; g < gn; g++) out[g0 + g] = hsum8(acc[g]);
-    }
-}
-static inline void prim_axpy_group(float *acc, const float *p, int pstride, const void *v,
-                                   int dtype, int D, int G) {
-    const int esz = dp_elem_size(dtype);
+    __m256 acc[4][16];
+    for (int t = 0; t < TT; t++)
+        for (int g = 0; g < G; g++) acc[t][g] = _mm256_setzero_ps();
     for (int d = 0; d < D; d += 8) {
-        const __m256 vv = load8((const char *)v + (int64_t)d * esz, dtype);
+        __m256 kv[4];
+        for (int t = 0; t < TT; t++) kv[t] = load8(k + t * row + (int64_t)d * esz, dtype);
         for (int g = 0; g < G; g++) {
-            float *a = acc + g * D + d;
-            _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_set1_ps(p[g * pstride]), vv,
-                                                _mm256_loadu_ps(a)));
+            const __m256 qv = _mm256_loadu_ps(q + g * D + d);
+            for (int t = 0; t < TT; t++) acc[t][g] = _mm256_fmadd_ps(qv, kv[t], acc[t][g]);
+        }
+    }
+    for (int t = 0; t < TT; t++)
+        for (int g = 0; g < G; g++) s[g * BS + t] = hsum8(acc[t][g]);
+}
+/* Several tokens per pass: each q chunk loaded once serves TT keys. */
+static inline __attribute__((always_inline)) void prim_qk_block(const float *q, const char *k, int64_t row, int n,
+                                              int dtype, int D, int G, float *s, int BS) {
+    int t = 0;
+    if (G <= 16) {
+        const int TT = G <= 2 ? 4 : (G <= 4 ? 2 : 1);
+        for (; t + TT <= n; t += TT) qk_tile(q, k + t * row, row, dtype, D, G, TT, s + t, BS);
+        for (; t < n; t++) qk_tile(q, k + t * row, row, dtype, D, G, 1, s + t, BS);
+    } else {
+        for (int g0 = 0; g0 < G; g0 += 16)
+            for (t = 0; t < n; t++)
+                qk_tile(q + g0 * D, k + t * row, row, dtype, D, G - g0 < 16 ? G - g0 : 16, 1,
+                        s + g0 * BS + t, BS);
+    }
+}
+/* Accumulators stay in registers across the block's tokens: one load and store of acc per
+ * block instead of per token. */
+static inline __attribute__((always_inline)) void prim_pv_block(float *acc, const float *s, int BS, const char *v,
+                                              int64_t row, int n, int dtype, int D, int G) {
+    const int esz = dp_elem_size(dtype);
+    /* G <= 8 (every common GQA ratio): the whole group's accumulators for one D-chunk stay
+     * in registers over the block; constant G lets the compiler unroll the head loop. */
+    if (G <= 8) {
+        for (int d = 0; d < D; d += 8) {
+            __m256 a[8];
+            for (int g = 0; g < G; g++) a[g] = _mm256_loadu_ps(acc + (int64_t)g * D + d);
+            const char *vd = v + (int64_t)d * esz;
+            for (int t = 0; t < n; t++, vd += row) {
+                const __m256 vv = load8(vd, dtype);
+                for (int g = 0; g < G; g++) a[g] = _mm256_fmadd_ps(_mm256_set1_ps(s[g * BS + t]), vv, a[g]);
+            }
+            for (int g = 0; g < G; g++) _mm256_storeu_ps(acc + (int64_t)g * D + d, a[g]);
+        }
+        return;
+    }
+    for (int d = 0; d < D; d += 8) {
+        for (int g0 = 0; g0 < G; g0 += 8) {
+            const int gn = G - g0 < 8 ? G - g0 : 8;
+            __m256 a[8];
+            for (int g = 0; g < gn; g++) a[g] = _mm256_loadu_ps(acc + (int64_t)(g0 + g) * D + d);
+            for (int t = 0; t < n; t++) {
+                const __m256 vv = load8(v + t * row + (int64_t)d * esz, dtype);
+                for (int g = 0; g < gn; g++)
+                    a[g] = _mm256_fmadd_ps(_mm256_set1_ps(s[(g0 + g) * BS + t]), vv, a[g]);
+            }
+            for (int g = 0; g < gn; g++) _mm256_storeu_ps(acc + (int64_t)(g0 + g) * D + d, a[g]);
         }
     }
 }
-static inline void prim_scale(float *x, float c, int n) {
+static inline __attribute__((always_inline)) float prim_max(const float *s, int n) {
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + i));
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_max_ss(x, _mm_movehdup_ps(x));
+    float r = _mm_cvtss_f32(x);
+    for (; i < n; i++) r = s[i] > r ? s[i] : r;
+    return r;
+}
+static inline __attribute__((always_inline)) void prim_scale(float *x, float c, int n) {
     const __m256 cv = _mm256_set1_ps(c);
     for (int i = 0; i < n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), cv));
 }
-static inline float prim_exp_sub(float *s, int n, float m) {
+static inline __attribute__((always_inline)) float prim_exp_sub(float *s, int n, float m) {
     const __m256 mv = _mm256_set1_ps(m);
     __m256 sum = _mm256_setzero_ps();
     int i = 0;

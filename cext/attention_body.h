@@ -1,20 +1,25 @@
 /* The per-item decode-attention routine, instantiated once per ISA translation unit.
  * Before including: define DP_ITEM_FN (the function name) and the primitives
- *   prim_dot_group(q, k, dtype, D, G, out)       out[g] = <q[g*D..], k>
- *   prim_axpy_group(acc, p, pstride, v, dtype, D, G)  acc[g*D..] += p[g*pstride] * v
+ *   prim_qk_block(q, k, row, n, dtype, D, G, s, BS)  s[g*BS+t] = <q[g*D..], k[t]>, t < n
+ *   prim_pv_block(acc, s, BS, v, row, n, dtype, D, G) acc[g*D..] += sum_t s[g*BS+t] v[t]
+ *   prim_max(s, n) -> max of s[0..n)
  *   prim_scale(x, c, n)                            x *= c
  *   prim_exp_sub(s, n, m) -> sum                   s = exp(s - m), returns the sum
  * Online softmax (one pass over KV) per KV block, one GQA group per item so that each K/V
  * row read from memory serves every query head that shares it. */
 #include <math.h>
 
-void DP_ITEM_FN(const dp_attn_args *a, int b, int h, int t0, int t1,
-                float *m, float *l, float *acc, float *ws) {
-    const int G = a->G, D = a->D, BS = a->BS;
-    const int esz = dp_elem_size(a->kv_dtype);
+#ifndef DP_PREFETCH_BLOCKS
+#define DP_PREFETCH_BLOCKS 4
+#endif
+
+static inline __attribute__((always_inline)) void item_impl(
+    const dp_attn_args *a, int b, int h, int t0, int t1, float *m, float *l, float *acc,
+    float *ws, const int G, const int kvdt) {
+    const int D = a->D, BS = a->BS;
+    const int esz = dp_elem_size(kvdt);
     float *qf = ws;               /* [G, D] query rows, pre-scaled */
     float *s = ws + G * D;        /* [G, BS] scores of one block */
-    float *tmp = s + G * BS;      /* [G] */
     const int64_t q0 = ((int64_t)b * a->Hq + (int64_t)h * G) * D;
     for (int i = 0; i < G * D; i++) qf[i] = dp_load_elem(a->q, a->q_dtype, q0 + i) * a->scale;
     for (int g = 0; g < G; g++) { m[g] = -INFINITY; l[g] = 0.f; }
@@ -27,13 +32,9 @@ void DP_ITEM_FN(const dp_attn_args *a, int b, int h, int t0, int t1,
         const int64_t base = (((int64_t)bt[blk] * a->Hkv + h) * BS + off) * row;
         const char *kp = (const char *)a->k_cache + base;
         const char *vp = (const char *)a->v_cache + base;
-        for (int i = 0; i < n; i++) {
-            prim_dot_group(qf, kp + i * row, a->kv_dtype, D, G, tmp);
-            for (int g = 0; g < G; g++) s[g * BS + i] = tmp[g];
-        }
+        prim_qk_block(qf, kp, row, n, kvdt, D, G, s, BS);
         for (int g = 0; g < G; g++) {
-            float bm = s[g * BS];
-            for (int i = 1; i < n; i++) bm = s[g * BS + i] > bm ? s[g * BS + i] : bm;
+            const float bm = prim_max(s + g * BS, n);
             const float mn = bm > m[g] ? bm : m[g];
             if (m[g] != -INFINITY && mn != m[g]) {
                 const float c = expf(m[g] - mn);
@@ -43,8 +44,24 @@ void DP_ITEM_FN(const dp_attn_args *a, int b, int h, int t0, int t1,
             l[g] += prim_exp_sub(s + g * BS, n, mn);
             m[g] = mn;
         }
-        for (int i = 0; i < n; i++)
-            prim_axpy_group(acc, s + i, BS, vp + i * row, a->kv_dtype, D, G);
+        prim_pv_block(acc, s, BS, vp, row, n, kvdt, D, G);
         t += n;
     }
 }
+
+/* Constant GQA group sizes and KV dtypes let the compiler keep the per-head accumulators in
+ * registers and drop the dtype switch from the inner loops; other shapes take the generic
+ * instantiation. */
+#define DP_CASE(g, dt) \
+    case (g) * 4 + (dt): item_impl(a, b, h, t0, t1, m, l, acc, ws, (g), (dt)); return;
+void DP_ITEM_FN(const dp_attn_args *a, int b, int h, int t0, int t1,
+                float *m, float *l, float *acc, float *ws) {
+    switch (a->G * 4 + a->kv_dtype) {
+    DP_CASE(1, DP_F32) DP_CASE(1, DP_BF16) DP_CASE(1, DP_F16)
+    DP_CASE(2, DP_F32) DP_CASE(2, DP_BF16) DP_CASE(2, DP_F16)
+    DP_CASE(4, DP_F32) DP_CASE(4, DP_BF16) DP_CASE(4, DP_F16)
+    DP_CASE(8, DP_F32) DP_CASE(8, DP_BF16) DP_CASE(8, DP_F16)
+    default: item_impl(a, b, h, t0, t1, m, l, acc, ws, a->G, a->kv_dtype);
+    }
+}
+#undef DP_CASE

@@ -2,25 +2,32 @@
 #include <math.h>
 #include "dp_internal.h"
 
-static inline void prim_dot_group(const float *q, const void *k, int dtype, int D, int G,
-                                  float *out) {
-    for (int g = 0; g < G; g++) out[g] = 0.f;
-    for (int d = 0; d < D; d++) {
-        const float kd = dp_load_elem(k, dtype, d);
-        for (int g = 0; g < G; g++) out[g] += q[g * D + d] * kd;
-    }
+static inline __attribute__((always_inline)) void prim_qk_block(const float *q, const char *k, int64_t row, int n,
+                                              int dtype, int D, int G, float *s, int BS) {
+    for (int t = 0; t < n; t++)
+        for (int g = 0; g < G; g++) {
+            float acc = 0.f;
+            for (int d = 0; d < D; d++) acc += q[g * D + d] * dp_load_elem(k + t * row, dtype, d);
+            s[g * BS + t] = acc;
+        }
 }
-static inline void prim_axpy_group(float *acc, const float *p, int pstride, const void *v,
-                                   int dtype, int D, int G) {
-    for (int d = 0; d < D; d++) {
-        const float vd = dp_load_elem(v, dtype, d);
-        for (int g = 0; g < G; g++) acc[g * D + d] += p[g * pstride] * vd;
-    }
+static inline __attribute__((always_inline)) void prim_pv_block(float *acc, const float *s, int BS, const char *v,
+                                              int64_t row, int n, int dtype, int D, int G) {
+    for (int t = 0; t < n; t++)
+        for (int d = 0; d < D; d++) {
+            const float vd = dp_load_elem(v + t * row, dtype, d);
+            for (int g = 0; g < G; g++) acc[g * D + d] += s[g * BS + t] * vd;
+        }
 }
-static inline void prim_scale(float *x, float c, int n) {
+static inline __attribute__((always_inline)) float prim_max(const float *s, int n) {
+    float r = s[0];
+    for (int i = 1; i < n; i++) r = s[i] > r ? s[i] : r;
+    return r;
+}
+static inline __attribute__((always_inline)) void prim_scale(float *x, float c, int n) {
     for (int i = 0; i < n; i++) x[i] *= c;
 }
-static inline float prim_exp_sub(float *s, int n, float m) {
+static inline __attribute__((always_inline)) float prim_exp_sub(float *s, int n, float m) {
     float sum = 0.f;
     for (int i = 0; i < n; i++) { s[i] = expf(s[i] - m); sum += s[i]; }
     return sum;

@@ -1,0 +1,84 @@
+"""CPU paged decode attention: the cext kernel vs DRAM bandwidth vs a torch reference.
+
+    python bench/cpu_attention.py --json
+
+For B x context, with KV in bf16 and fp32: kernel time (median), KV bytes read per second,
+the fraction of the DRAM read bandwidth measured in the same run with the same thread count
+(C/OpenMP streaming read), and the torch gather + scaled_dot_product_attention reference.
+Shape per layer: Hq=32, Hkv=8, head_dim=128 (Llama-3-8B), block size 16.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from common import dram_read_bandwidth, emit, median_time
+
+from dualpace.kernels import cpu
+from dualpace.model.attention_ref import paged_decode_attention_ref
+
+
+def case(batch: int, ctx: int, hq: int, hkv: int, d: int, bs: int, dtype: torch.dtype):
+    per = -(-ctx // bs)
+    nb = batch * per
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(nb, hkv, bs, d, generator=g).to(dtype)
+    v = torch.randn(nb, hkv, bs, d, generator=g).to(dtype)
+    q = torch.randn(batch, hq, d, generator=g)
+    tables = torch.randperm(nb, generator=g).int().view(batch, per)
+    lens = torch.full((batch,), ctx, dtype=torch.int32)
+    return q, k, v, tables, lens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--batches", default="1,8,32,128")
+    ap.add_argument("--contexts", default="128,1024,4096")
+    ap.add_argument("--dtypes", default="bfloat16,float32")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--isa", default=None, help="scalar | avx2 | avx512 (default: best)")
+    ap.add_argument("--ref-max-tokens", type=int, default=131072,
+                    help="skip the (slow, memory-hungry) torch reference above B x context")
+    args = ap.parse_args()
+    hq, hkv, d, bs = 32, 8, 128, 16
+    threads = cpu.num_threads()
+    bw = dram_read_bandwidth(threads)
+    rows = []
+    for dname in args.dtypes.split(","):
+        dtype = getattr(torch, dname)
+        for b in (int(x) for x in args.batches.split(",")):
+            for ctx in (int(x) for x in args.contexts.split(",")):
+                q, k, v, t, sl = case(b, ctx, hq, hkv, d, bs, dtype)
+                qd = q.to(dtype)
+                tk = median_time(lambda: cpu.paged_decode_attention(qd, k, v, t, sl, d**-0.5,
+                                                                    isa=args.isa),
+                                 args.repeats)
+                kv_bytes = 2 * b * ctx * hkv * d * k.element_size()
+                row = {"dtype": dname, "batch": b, "context": ctx, "tokens": b * ctx,
+                       "kernel_ms": round(tk * 1e3, 3),
+                       "kv_gb_per_s": round(kv_bytes / tk / 1e9, 2),
+                       "fraction_of_dram_bw": round(kv_bytes / tk / bw, 3)}
+                if b * ctx <= args.ref_max_tokens:
+                    tr = median_time(lambda: paged_decode_attention_ref(qd, k, v, t, sl, d**-0.5),
+                                     max(1, args.repeats // 2))
+                    row.update({"torch_ref_ms": round(tr * 1e3, 3),
+                                "speedup_vs_torch": round(tr / tk, 1)})
+                rows.append(row)
+                del q, k, v
+    big = [r for r in rows if r["tokens"] >= 32768]
+    emit({
+        "bench": "cpu_attention", "isa": cpu.resolve_isa(args.isa), "threads": threads,
+        "dram_read_gb_per_s": round(bw / 1e9, 1), "shape": {"Hq": hq, "Hkv": hkv, "D": d,
+                                                            "block_size": bs},
+        "min_fraction_of_dram_bw_at_32k_tokens": min(r["fraction_of_dram_bw"] for r in big)
+        if big else None,
+        "min_speedup_vs_torch": min((r["speedup_vs_torch"] for r in rows
+                                     if "speedup_vs_torch" in r), default=None),
+        "results": rows,
+    }, args.json)
+
+
+if __name__ == "__main__":
+    main()
