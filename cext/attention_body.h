@@ -9,9 +9,6 @@
  * row read from memory serves every query head that shares it. */
 #include <math.h>
 
-#ifndef DP_PREFETCH_BLOCKS
-#define DP_PREFETCH_BLOCKS 4
-#endif
 
 static inline __attribute__((always_inline)) void item_impl(
     const dp_attn_args *a, int b, int h, int t0, int t1, float *m, float *l, float *acc,
