@@ -11,6 +11,7 @@ Shape per layer: Hq=32, Hkv=8, head_dim=128 (Llama-3-8B), block size 16.
 from __future__ import annotations
 
 import argparse
+import functools
 
 import torch
 from common import dram_read_bandwidth, emit, median_time
@@ -52,17 +53,17 @@ def main() -> None:
             for ctx in (int(x) for x in args.contexts.split(",")):
                 q, k, v, t, sl = case(b, ctx, hq, hkv, d, bs, dtype)
                 qd = q.to(dtype)
-                tk = median_time(lambda: cpu.paged_decode_attention(qd, k, v, t, sl, d**-0.5,
-                                                                    isa=args.isa),
-                                 args.repeats)
+                kernel = functools.partial(cpu.paged_decode_attention, qd, k, v, t, sl,
+                                           d**-0.5, isa=args.isa)
+                tk = median_time(kernel, args.repeats)
                 kv_bytes = 2 * b * ctx * hkv * d * k.element_size()
                 row = {"dtype": dname, "batch": b, "context": ctx, "tokens": b * ctx,
                        "kernel_ms": round(tk * 1e3, 3),
                        "kv_gb_per_s": round(kv_bytes / tk / 1e9, 2),
                        "fraction_of_dram_bw": round(kv_bytes / tk / bw, 3)}
                 if b * ctx <= args.ref_max_tokens:
-                    tr = median_time(lambda: paged_decode_attention_ref(qd, k, v, t, sl, d**-0.5),
-                                     max(1, args.repeats // 2))
+                    ref = functools.partial(paged_decode_attention_ref, qd, k, v, t, sl, d**-0.5)
+                    tr = median_time(ref, max(1, args.repeats // 2))
                     row.update({"torch_ref_ms": round(tr * 1e3, 3),
                                 "speedup_vs_torch": round(tr / tk, 1)})
                 rows.append(row)

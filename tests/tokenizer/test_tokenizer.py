@@ -86,3 +86,15 @@ def test_detokenizer_holds_back_a_partial_character(tok):
     assert detok.add(snowman[0]) == "" and detok.add(snowman[1]) == ""
     assert detok.add(snowman[2]) == "☃"
     assert detok.add(257) == ""  # a special token produces no text
+
+
+def test_chat_template_jinja_file_takes_precedence(llama_checkpoint, tmp_path):
+    import shutil
+
+    path = tmp_path / "ckpt"
+    shutil.copytree(llama_checkpoint[0], path)
+    (path / "chat_template.jinja").write_text(
+        "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    )
+    tok = Tokenizer(path)
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "[user] hi\n"
