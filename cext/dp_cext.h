@@ -50,6 +50,9 @@ double dp_stream_read(const float *buf, int64_t n, int num_threads);
 
 /* Futex on a 32-bit word in (possibly shared) memory. */
 uint32_t dp_atomic_load(const uint32_t *addr);
+uint64_t dp_atomic_load64(const uint64_t *addr);
+void dp_atomic_store64(uint64_t *addr, uint64_t value);
+uint32_t dp_atomic_add(uint32_t *addr, uint32_t delta);  /* returns the new value */
 void dp_atomic_store(uint32_t *addr, uint32_t value);
 int dp_atomic_cas(uint32_t *addr, uint32_t expected, uint32_t desired);
 /* 0: woken or the value already differed; 1: timed out; -1: error (errno). timeout_ns<0: forever */

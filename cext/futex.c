@@ -15,6 +15,15 @@ uint32_t dp_atomic_load(const uint32_t *addr) {
 void dp_atomic_store(uint32_t *addr, uint32_t value) {
     __atomic_store_n(addr, value, __ATOMIC_RELEASE);
 }
+uint64_t dp_atomic_load64(const uint64_t *addr) {
+    return __atomic_load_n(addr, __ATOMIC_ACQUIRE);
+}
+void dp_atomic_store64(uint64_t *addr, uint64_t value) {
+    __atomic_store_n(addr, value, __ATOMIC_RELEASE);
+}
+uint32_t dp_atomic_add(uint32_t *addr, uint32_t delta) {
+    return __atomic_add_fetch(addr, delta, __ATOMIC_ACQ_REL);
+}
 int dp_atomic_cas(uint32_t *addr, uint32_t expected, uint32_t desired) {
     return __atomic_compare_exchange_n(addr, &expected, desired, 0, __ATOMIC_ACQ_REL,
                                        __ATOMIC_ACQUIRE);

@@ -23,6 +23,15 @@ class EngineConfig:
     gpu_kv_blocks: int = 0  # 0: sized from --max-num-seqs x --max-model-len
     max_model_len: int = 0  # 0: the checkpoint's max_position_embeddings
     max_num_seqs: int = 64
+    # --- the dual-engine runtime ----------------------------------------------------------
+    cpu_kv_gib: float = 2.0  # host (CPU-tier) KV pool
+    cpu_dtype: str = "auto"  # CPU worker compute dtype: "auto" = bfloat16 with AMX, else fp32
+    max_num_batched_tokens: int = 2048  # GPU batched-token limit (also the staging size)
+    assist_thresholds: str = ""  # "P,F" (Eq. 5); empty = from --profile, else "0,0"
+    gpu_cores: str = ""  # e.g. "0-3"; empty = split the allowed cores
+    cpu_cores: str = ""
+    startup_timeout: float = 120.0  # seconds for every worker to load and say hello
+    max_restarts: int = 3  # worker-group restarts before the runtime gives up
 
     def __post_init__(self):
         if self.gpu_device not in ("auto", "cpu") and not self.gpu_device.startswith("cuda"):
@@ -38,6 +47,20 @@ class EngineConfig:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs: must be >= 1, got {self.max_num_seqs}")
+        if self.cpu_kv_gib <= 0:
+            raise ValueError(f"cpu_kv_gib: must be > 0, got {self.cpu_kv_gib}")
+        if self.cpu_dtype != "auto" and self.cpu_dtype not in _DTYPES:
+            raise ValueError(f"cpu_dtype: expected auto or one of {sorted(_DTYPES)}, "
+                             f"got {self.cpu_dtype!r}")
+        if self.max_num_batched_tokens < self.block_size:
+            raise ValueError("max_num_batched_tokens: must be >= block_size, got "
+                             f"{self.max_num_batched_tokens}")
+        if self.assist_thresholds:
+            from dualpace.runtime.routing import parse_thresholds
+
+            parse_thresholds(self.assist_thresholds)
+        if self.startup_timeout <= 0 or self.max_restarts < 0:
+            raise ValueError("startup_timeout must be > 0 and max_restarts >= 0")
 
     @classmethod
     def from_options(cls, model: str, **options) -> EngineConfig:
@@ -51,6 +74,22 @@ class EngineConfig:
         if self.gpu_device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.gpu_device)
+
+    def thresholds(self) -> tuple[int, int]:
+        """(P, F) of the post-attention routing (Eq. 5)."""
+        from dualpace.runtime.routing import parse_thresholds
+
+        return parse_thresholds(self.assist_thresholds) if self.assist_thresholds else (0, 0)
+
+    def cpu_torch_dtype(self) -> torch.dtype:
+        """BF16 where the CPU has AMX (oneDNN BF16 through torch is fast there), else FP32:
+        on AVX2/AVX-512 machines torch's BF16 linear is several times slower (DESIGN.md)."""
+        if self.cpu_dtype != "auto":
+            return _DTYPES[self.cpu_dtype]
+        from dualpace.kernels import cpu
+
+        return torch.bfloat16 if cpu.available() and cpu.cpu_features()["amx_bf16"] else (
+            torch.float32)
 
     def torch_dtype(self, device: torch.device) -> torch.dtype:
         if self.dtype == "auto":

@@ -101,3 +101,14 @@ def llama_checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("ckpt-llama-only")
     model = build_checkpoint("llama", path)
     return path, model
+
+
+def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy continuation of ``prompt`` (exactly n tokens, EOS not special)."""
+    hf.generation_config.eos_token_id = None
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        # An explicit mask: otherwise a prompt token equal to pad_token_id is masked out.
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                          max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
+    return out[0, len(prompt):].tolist()

@@ -48,6 +48,10 @@ class FutexWord:
     def store(self, value: int) -> None:
         self._lib.dp_atomic_store(self._addr, value)
 
+    def add(self, delta: int = 1) -> int:
+        """Atomically add ``delta`` (mod 2^32); returns the new value."""
+        return self._lib.dp_atomic_add(self._addr, delta)
+
     def compare_exchange(self, expected: int, desired: int) -> bool:
         return bool(self._lib.dp_atomic_cas(self._addr, expected, desired))
 
@@ -72,3 +76,29 @@ class FutexWord:
         if spin < 0:
             raise ValueError(f"spin: must be >= 0, got {spin}")
         return self._lib.dp_wait_while_equal(self._addr, value, spin, _timeout_ns(timeout)) == 0
+
+
+class AtomicU64:
+    """An 8-byte-aligned uint64 counter in a shared buffer, read with acquire and written with
+    release semantics (ring head/tail: the payload is visible before the counter moves)."""
+
+    def __init__(self, buffer, offset: int = 0):
+        ffi, lib = require()
+        view = memoryview(buffer)
+        if offset < 0 or offset % 8 or offset + 8 > view.nbytes:
+            raise ValueError(f"offset: {offset} is not an 8-byte aligned word inside "
+                             f"a {view.nbytes}-byte buffer")
+        self._buf = ffi.from_buffer(buffer)
+        self._ffi, self._lib = ffi, lib
+        self._addr = ffi.cast("uint64_t *", ffi.cast("char *", self._buf) + offset)
+
+    def load(self) -> int:
+        return self._lib.dp_atomic_load64(self._addr)
+
+    def store(self, value: int) -> None:
+        self._lib.dp_atomic_store64(self._addr, value)
+
+    def close(self) -> None:
+        if self._buf is not None:
+            self._ffi.release(self._buf)
+            self._buf = self._addr = None

@@ -15,7 +15,7 @@ from dualpace.model.config import load_model_config
 from dualpace.model.stages import StagedModel
 from dualpace.model.weights import load_weights
 
-from ..conftest import VOCAB
+from ..conftest import VOCAB, hf_greedy
 
 # fp32 on both sides, different summation orders: logits (scale ~10) agree to ~1e-5.
 LOGIT_ATOL = 2e-4
@@ -85,16 +85,6 @@ def test_chunked_prefill_matches_whole_prefill(llama_checkpoint):
     torch.testing.assert_close(logits[0], ref, atol=LOGIT_ATOL, rtol=0)
 
 
-def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
-    hf.generation_config.eos_token_id = None  # compare n tokens; our side ignores EOS too
-    with torch.no_grad():
-        ids = torch.tensor([prompt])
-        # An explicit mask: otherwise a prompt token equal to pad_token_id is masked out.
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                          max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_greedy_generation_token_exact(hf_checkpoint, block_size):
     _, path, hf = hf_checkpoint
@@ -104,7 +94,7 @@ def test_greedy_generation_token_exact(hf_checkpoint, block_size):
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
     for p, o in zip(prompts, outs):
         assert o.finish_reason == "length"
-        assert o.token_ids == _hf_greedy(hf, p, n)
+        assert o.token_ids == hf_greedy(hf, p, n)
 
 
 def test_preemption_keeps_greedy_output(llama_checkpoint):
@@ -115,4 +105,4 @@ def test_preemption_keeps_greedy_output(llama_checkpoint):
     llm = LLM(str(path), block_size=16, gpu_kv_blocks=14)
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
     for p, o in zip(prompts, outs):
-        assert o.token_ids == _hf_greedy(hf, p, n)
+        assert o.token_ids == hf_greedy(hf, p, n)

@@ -1,0 +1,86 @@
+"""Engine side of one worker's data plane, on the asyncio loop.
+
+Descriptors go into the engine->worker ring and ring the worker's futex wake word; results
+come back through the worker->engine ring, whose eventfd doorbell the loop watches with
+``add_reader``. Each submitted step resolves one future by step id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from dualpace.kernels.futex import FutexWord
+from dualpace.runtime import protocol as P
+from dualpace.runtime.ring import Ring
+
+
+class StepError(RuntimeError):
+    """The worker reported the step as failed (its message says why)."""
+
+
+class WorkerDied(RuntimeError):
+    """A worker process died; every step in flight fails with this."""
+
+
+class WorkerClient:
+    def __init__(self, kind: str, rank: int, to_worker: Ring, from_worker: Ring,
+                 wake: FutexWord, eventfd: int):
+        self.kind, self.rank = kind, rank
+        self._to, self._from = to_worker, from_worker
+        self._wake = wake
+        self._efd = eventfd
+        self._pending: dict[int, asyncio.Future] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.pid = 0
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        loop.add_reader(self._efd, self._on_readable)
+
+    def detach(self) -> None:
+        if self._loop is not None:
+            self._loop.remove_reader(self._efd)
+            self._loop = None
+
+    def send(self, msg) -> None:
+        """A record the worker applies in order (NewRequest, Release, a batch)."""
+        self._to.write(P.encode(msg))
+        self._wake.add(1)
+        self._wake.wake()
+
+    def submit(self, batch: P.GpuBatch | P.CpuBatch) -> asyncio.Future:
+        if batch.step_id in self._pending:
+            raise ValueError(f"step {batch.step_id} already in flight on {self.kind} worker")
+        fut = self._loop.create_future()
+        self._pending[batch.step_id] = fut
+        self.send(batch)
+        return fut
+
+    async def step(self, batch: P.GpuBatch | P.CpuBatch) -> P.StepDone:
+        return await self.submit(batch)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def _on_readable(self) -> None:
+        try:
+            os.eventfd_read(self._efd)
+        except BlockingIOError:
+            pass
+        for raw in self._from.read_all():
+            msg = P.to_engine_decoder.decode(raw)
+            fut = self._pending.pop(msg.step_id, None)
+            if fut is None or fut.done():
+                continue
+            if isinstance(msg, P.StepFailed):
+                fut.set_exception(StepError(f"{self.kind} worker: {msg.message}"))
+            else:
+                fut.set_result(msg)
+
+    def fail_all(self, exc: BaseException) -> None:
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(exc)

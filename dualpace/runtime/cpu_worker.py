@@ -1,0 +1,93 @@
+"""The CPU worker: whole decode iterations over host-resident KV (paper §4.2, Fig. 6 lower
+lane), with post-attention routed by π_{P,F}(b) (Eq. 5).
+
+The local prefix (pre-layer; per layer pre-attention, KV append into the host pool, paged
+attention with the cext kernel) always runs here, so the CPU engine never waits for the GPU
+scheduler. Then by route: Full-CPU runs every post-attention stage and the post-layer
+locally; Split-Final runs the layers locally and assists the post-layer (with sampling);
+Fused-Assist assists every post-attention stage, the last one fused with the post-layer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from dualpace.model.stages import StagedModel
+from dualpace.runtime.assist import AssistChannel
+from dualpace.runtime.layouts import OP_POST_ATTN, OP_POST_ATTN_FINAL, OP_POST_LAYER
+from dualpace.runtime.protocol import CpuBatch, StepDone
+from dualpace.runtime.routing import FULL_CPU, FUSED_ASSIST, SPLIT_FINAL, route_for
+from dualpace.runtime.worker_state import RequestTable
+from dualpace.sampling.sampler import sample
+
+
+class HostKV:
+    """The host pool's per-layer views, in the shape the stages expect of a KV cache."""
+
+    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], block_size: int):
+        self.k, self.v, self.block_size = k, v, block_size
+
+
+class CpuWorker:
+    def __init__(self, model: StagedModel, kv: HostKV, assist: AssistChannel | None,
+                 thresholds: tuple[int, int], gpu_alive: Callable[[], bool]):
+        self.model = model
+        self.kv = kv
+        self.assist = assist
+        self.p, self.f = thresholds
+        self.gpu_alive = gpu_alive
+        self.requests = RequestTable()
+        self.steps = 0
+        self.assist_calls = 0
+        self.routes = {FULL_CPU: 0, SPLIT_FINAL: 0, FUSED_ASSIST: 0}
+
+    def route(self, batch_size: int) -> str:
+        r = route_for(batch_size, self.p, self.f)
+        return FULL_CPU if self.assist is None else r
+
+    @torch.inference_mode()
+    def run(self, msg: CpuBatch) -> StepDone:
+        t0 = time.perf_counter()
+        if not msg.seqs:  # an empty step: answered at once (ring round-trip probes)
+            return StepDone(step_id=msg.step_id)
+        m = self.model
+        if any(len(s.token_ids) != 1 for s in msg.seqs):
+            raise ValueError("a CPU batch holds decode rows only (one token per request)")
+        self.requests.apply_blocks(msg.seqs)
+        fb = self.requests.forward_batch(msg.seqs, self.kv.block_size, m.device)
+        rows = self.requests.sampling_rows(msg.seqs)
+        route = self.route(len(msg.seqs))
+        calls = 0
+        n = m.cfg.num_layers
+        hidden = m.pre_layer(fb.input_ids)
+        tokens = None
+        for i in range(n):
+            q = m.pre_attention(i, hidden, fb, self.kv)
+            attn = m.attention(i, q, fb, self.kv)
+            if route != FUSED_ASSIST:
+                hidden = m.post_attention(i, hidden, attn)
+            elif i < n - 1:
+                hidden = self._assist(OP_POST_ATTN, i, hidden, attn, None)
+                calls += 1
+            else:
+                tokens = self._assist(OP_POST_ATTN_FINAL, i, hidden, attn, rows).tolist()
+                calls += 1
+        last = hidden[fb.logits_indices] if tokens is None else None
+        if route == FULL_CPU:
+            tokens = sample(m.post_layer(last), rows)
+        elif route == SPLIT_FINAL:
+            tokens = self._assist(OP_POST_LAYER, n - 1, last, None, rows).tolist()
+            calls += 1
+        self.steps += 1
+        self.assist_calls += calls
+        self.routes[route] += 1
+        return StepDone(step_id=msg.step_id, tokens=tokens, route=route, assist_calls=calls,
+                        elapsed_us=int((time.perf_counter() - t0) * 1e6))
+
+    def _assist(self, op, layer, hidden, attn, rows):
+        out = self.assist.call(op, layer, hidden.float(), None if attn is None else attn.float(),
+                               rows, self.gpu_alive)
+        return out.to(self.model.dtype) if op == OP_POST_ATTN else out

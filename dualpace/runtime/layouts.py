@@ -1,0 +1,131 @@
+"""Every shared-memory layout, declared once and imported by both sides (DESIGN.md §Processes).
+
+    HostKVLayout   the host (CPU-tier) KV pool: per layer K then V, HND blocks
+    RingLayout     one single-producer/single-consumer byte ring (batch descriptors, results)
+    WakeLayout     one futex word per worker: "something for you" (ring record or assist)
+    AssistLayout   one Dense Assist exchange of a CPU worker rank: state word + buffers (§4.2)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ALIGN = 64  # cache line: no two processes' hot words share one
+
+
+def _align(n: int, a: int = ALIGN) -> int:
+    return -(-n // a) * a
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class HostKVLayout:
+    num_layers: int
+    num_blocks: int
+    num_kv_heads: int
+    block_size: int
+    head_dim: int
+    dtype: str
+
+    @property
+    def block_shape(self) -> tuple[int, int, int]:
+        return (self.num_kv_heads, self.block_size, self.head_dim)
+
+    @property
+    def layer_bytes(self) -> int:
+        n = self.num_blocks * self.num_kv_heads * self.block_size * self.head_dim
+        return _align(n * DTYPES[self.dtype].itemsize)
+
+    @property
+    def size(self) -> int:
+        return 2 * self.num_layers * self.layer_bytes
+
+    def views(self, seg) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        shape = (self.num_blocks, *self.block_shape)
+        dt = DTYPES[self.dtype]
+        k = [seg.tensor(2 * i * self.layer_bytes, shape, dt) for i in range(self.num_layers)]
+        v = [seg.tensor((2 * i + 1) * self.layer_bytes, shape, dt)
+             for i in range(self.num_layers)]
+        return k, v
+
+
+@dataclass(frozen=True)
+class RingLayout:
+    """[tail u64][head u64] in the first cache line, then ``capacity`` bytes of records.
+    A record is [u32 length][payload] padded to 8 bytes; length 0xFFFFFFFF marks a wrap."""
+
+    capacity: int = 4 << 20
+    TAIL = 0
+    HEAD = 8
+    HEADER = ALIGN
+
+    @property
+    def size(self) -> int:
+        return self.HEADER + self.capacity
+
+
+@dataclass(frozen=True)
+class WakeLayout:
+    num_workers: int
+
+    def offset(self, index: int) -> int:
+        return index * ALIGN
+
+    @property
+    def size(self) -> int:
+        return max(1, self.num_workers) * ALIGN
+
+
+# Dense Assist state machine (§5: CPU-Ready -> GPU-Running -> GPU-Done).
+ASSIST_IDLE, ASSIST_CPU_READY, ASSIST_GPU_RUNNING, ASSIST_GPU_DONE, ASSIST_GPU_FAILED = range(5)
+# Operations: one post-attention stage; the post-layer (+ sampling); the last layer's
+# post-attention fused with the post-layer (Fused-Assist's final call); an echo of hidden_in
+# into hidden_out that measures the handshake and buffer movement alone (profiler, benches).
+OP_POST_ATTN, OP_POST_LAYER, OP_POST_ATTN_FINAL, OP_ECHO = 1, 2, 3, 4
+
+
+@dataclass(frozen=True)
+class AssistLayout:
+    max_rows: int
+    hidden: int
+    attn_dim: int  # the attention output width entering O projection (q heads x head_dim)
+
+    STATE, OP, LAYER, ROWS, SEQ = 0, 4, 8, 12, 16
+
+    def _fields(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        r = self.max_rows
+        return [
+            ("hidden_in", (r, self.hidden), torch.float32),
+            ("attn_in", (r, self.attn_dim), torch.float32),
+            ("hidden_out", (r, self.hidden), torch.float32),
+            ("temperature", (r,), torch.float32),
+            ("top_p", (r,), torch.float32),
+            ("top_k", (r,), torch.int32),
+            ("out_index", (r,), torch.int32),
+            ("seed", (r,), torch.int64),
+            ("tokens_out", (r,), torch.int64),
+        ]
+
+    def offsets(self) -> dict[str, int]:
+        off, out = ALIGN, {}
+        for name, shape, dt in self._fields():
+            out[name] = off
+            n = 1
+            for s in shape:
+                n *= s
+            off += _align(n * dt.itemsize)
+        out["_end"] = off
+        return out
+
+    @property
+    def size(self) -> int:
+        return self.offsets()["_end"]
+
+    def views(self, seg, base: int = 0) -> dict[str, torch.Tensor]:
+        offs = self.offsets()
+        return {name: seg.tensor(base + offs[name], shape, dt)
+                for name, shape, dt in self._fields()}

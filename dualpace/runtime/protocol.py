@@ -1,0 +1,175 @@
+"""Every message that crosses a process boundary: ring records and ZeroMQ control messages.
+
+One module, msgspec Structs only (array-like, tagged), one typed decoder per channel; no
+pickle anywhere (DESIGN.md §Processes). Bulk data (KV pools, Dense Assist activations) never
+travels in a message: it lives in the shared-memory layouts of ``dualpace.runtime.layouts``.
+
+Requests are introduced to a worker once (``NewRequest``); batch descriptors then carry only
+what changed: the step's input tokens, the blocks appended since the worker last saw the
+request, and migrations.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+
+class _Msg(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+# --- engine -> worker (data-plane ring) ----------------------------------------------------
+class SamplingSpec(msgspec.Struct, array_like=True, gc=False):
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+
+
+class NewRequest(_Msg, tag=1):
+    req_id: int
+    sampling: SamplingSpec
+
+
+class SeqStep(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """One request's rows in a step.
+
+    token_ids: this step's input tokens (a prompt chunk, or the last sampled token);
+    start_pos: position of token_ids[0]; new_blocks: blocks appended to the request's table
+    in the executing pool since the worker last saw it (the whole table when ``reset``: the
+    request (re)enters this worker's pool after a migration); sample: whether the step samples a
+    token (false for a non-final prefill chunk); out_index: index of the token sampled
+    (the sampler's per-request step); host_blocks (GPU worker, Prefill-to-CPU only): the
+    request's reserved host blocks, filled layer by layer through the staging area.
+    """
+
+    req_id: int
+    token_ids: list[int]
+    start_pos: int
+    new_blocks: list[int] = []
+    reset: bool = False
+    sample: bool = True
+    out_index: int = 0
+    host_blocks: list[int] = []
+
+
+class Migration(msgspec.Struct, array_like=True, gc=False):
+    """Copy the first ``num_tokens`` tokens' KV from ``src_blocks`` to ``dst_blocks``."""
+
+    req_id: int
+    src_blocks: list[int]
+    dst_blocks: list[int]
+    num_tokens: int
+
+
+class GpuBatch(_Msg, tag=2):
+    """A GPU-main step: migrations first (they complete before the forward), then rows."""
+
+    step_id: int
+    seqs: list[SeqStep] = []
+    swap_out: list[Migration] = []
+    swap_in: list[Migration] = []
+
+
+class CpuBatch(_Msg, tag=3):
+    step_id: int
+    seqs: list[SeqStep] = []
+
+
+class Release(_Msg, tag=4):
+    """Forget per-request worker state (block tables, sampling). Blocks are the engine's."""
+
+    req_ids: list[int]
+
+
+# --- worker -> engine (data-plane ring) ----------------------------------------------------
+class StepDone(_Msg, tag=10):
+    """tokens[i] is the token sampled for seqs[i] of the step (-1 where it sampled none);
+    ready: requests whose KV transfer (swap, Prefill-to-CPU) completed in this step."""
+
+    step_id: int
+    tokens: list[int] = []
+    ready: list[int] = []
+    route: str = ""
+    assist_calls: int = 0
+    elapsed_us: int = 0
+
+
+class StepFailed(_Msg, tag=11):
+    step_id: int
+    message: str
+
+
+EngineToWorker = Union[NewRequest, GpuBatch, CpuBatch, Release]  # noqa: UP007
+WorkerToEngine = Union[StepDone, StepFailed]  # noqa: UP007
+
+
+# --- control plane (ZeroMQ) ----------------------------------------------------------------
+class Hello(_Msg, tag=20):
+    kind: str  # "gpu" | "cpu"
+    rank: int
+    pid: int
+
+
+class Ping(_Msg, tag=21):
+    nonce: int
+
+
+class Pong(_Msg, tag=22):
+    nonce: int
+    kind: str
+    rank: int
+
+
+class StatsRequest(_Msg, tag=23):
+    pass
+
+
+class Stats(_Msg, tag=24):
+    kind: str
+    rank: int
+    steps: int
+    assist_served: int
+    assist_calls: int
+    routes: dict[str, int] = {}
+
+
+class Shutdown(_Msg, tag=25):
+    pass
+
+
+class WorkerSpec(msgspec.Struct, gc=False):
+    """Everything a spawned worker needs to attach to its instance (JSON in its environment)."""
+
+    kind: str  # "gpu" | "cpu"
+    rank: int
+    parent_pid: int
+    config: dict  # EngineConfig fields
+    cores: list[int]
+    control: str  # ZeroMQ endpoint of the supervisor
+    shm: dict[str, str]  # role -> segment name
+    ring_in_offset: int
+    ring_out_offset: int
+    ring_capacity: int
+    wake_index: int  # this worker's wake word
+    gpu_wake_index: int  # the GPU worker's wake word (CPU workers ring it for assists)
+    eventfd: int  # worker -> engine doorbell
+    host_kv: dict  # HostKVLayout fields
+    assist: dict  # AssistLayout fields
+    assist_offset: int  # this rank's channel (CPU) / unused (GPU)
+    num_cpu_ranks: int
+    gpu_pid: int = 0  # CPU workers: whose death to notice while waiting on an assist
+
+
+Control = Union[Hello, Ping, Pong, StatsRequest, Stats, Shutdown]  # noqa: UP007
+
+_enc = msgspec.msgpack.Encoder()
+to_worker_decoder = msgspec.msgpack.Decoder(EngineToWorker)
+to_engine_decoder = msgspec.msgpack.Decoder(WorkerToEngine)
+control_decoder = msgspec.msgpack.Decoder(Control)
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    return _enc.encode(msg)

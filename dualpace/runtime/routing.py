@@ -1,0 +1,43 @@
+"""Post-attention routing π_{P,F}(b) of a CPU decode batch (paper §4.2, Eq. 5). No torch."""
+
+from __future__ import annotations
+
+FULL_CPU, SPLIT_FINAL, FUSED_ASSIST = "full-cpu", "split-final", "fused-assist"
+ROUTES = (FULL_CPU, SPLIT_FINAL, FUSED_ASSIST)
+
+
+def parse_thresholds(text: str) -> tuple[int, int]:
+    """``"P,F"`` -> (P, F). Legal: (0, 0) or 0 <= F < P (Eq. 5)."""
+    try:
+        p_str, f_str = text.split(",")
+        p, f = int(p_str), int(f_str)
+    except ValueError:
+        raise ValueError(
+            f"assist_thresholds: expected 'P,F' (two integers), got {text!r}") from None
+    check_thresholds(p, f)
+    return p, f
+
+
+def check_thresholds(p: int, f: int) -> None:
+    if not ((p, f) == (0, 0) or 0 <= f < p):
+        raise ValueError(f"assist_thresholds: need (P, F) = (0, 0) or 0 <= F < P, got ({p}, {f})")
+
+
+def route_for(batch_size: int, p: int, f: int) -> str:
+    """Eq. 5. (0, 0) keeps every batch Full-CPU."""
+    if (p, f) == (0, 0) or batch_size <= f:
+        return FULL_CPU
+    if batch_size <= p:
+        return SPLIT_FINAL
+    return FUSED_ASSIST
+
+
+def assist_reachable(max_cpu_batch: int, p: int, f: int) -> bool:
+    """§4.2: with C <= F every reachable batch is Full-CPU and the GPU worker can run whole
+    forwards without stage-boundary assist checks."""
+    return route_for(max_cpu_batch, p, f) != FULL_CPU
+
+
+def assist_calls(route: str, num_layers: int) -> int:
+    """Dense Assist calls one CPU decode iteration makes (Algorithm 1's Calls(r))."""
+    return {FULL_CPU: 0, SPLIT_FINAL: 1, FUSED_ASSIST: num_layers}[route]

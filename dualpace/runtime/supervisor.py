@@ -1,0 +1,347 @@
+"""The supervisor: creates one instance's shared memory, spawns and pins the GPU and CPU
+worker processes, runs the start-up handshake, watches them, and restarts the group when one
+dies (DESIGN.md §Processes; paper §5 "Asynchronous runtime", without Ray).
+
+Everything it creates is released on every exit path: ``stop()``, a failed start, garbage
+collection (``weakref.finalize``) and interpreter exit. If the supervisor itself is killed,
+the workers die with it (PR_SET_PDEATHSIG) and the next start sweeps the dead instance's
+segments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import weakref
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from dualpace.config import EngineConfig
+from dualpace.kernels.futex import FutexWord
+from dualpace.kv.block_pool import blocks_for_tokens
+from dualpace.model.config import load_model_config
+from dualpace.runtime import protocol as P
+from dualpace.runtime.client import WorkerClient, WorkerDied
+from dualpace.runtime.layouts import AssistLayout, HostKVLayout, RingLayout, WakeLayout
+from dualpace.runtime.placement import split_cores
+from dualpace.runtime.ring import Ring
+from dualpace.runtime.shm import Instance, sweep_stale
+from dualpace.runtime.worker_main import SPEC_ENV
+
+log = logging.getLogger("dualpace.runtime")
+
+# Default GPU-side pool when --gpu-kv-blocks is not given on a CPU "GPU" device.
+_DEFAULT_GPU_KV_BYTES = 512 << 20
+
+
+def _dtype_name(dt) -> str:
+    return str(dt).removeprefix("torch.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizing:
+    """Resolved sizes of one runtime, from the config and the checkpoint."""
+
+    config: EngineConfig  # with gpu_kv_blocks resolved
+    host_kv: HostKVLayout
+    assist: AssistLayout
+    ring: RingLayout
+    gpu_cores: list[int]
+    cpu_cores: list[int]
+
+    @classmethod
+    def resolve(cls, config: EngineConfig) -> Sizing:
+        mc = load_model_config(config.model)
+        max_len = config.max_model_len or mc.max_position_embeddings
+        device = config.torch_device()
+        gpu_dtype = config.torch_dtype(device)
+        bs = config.block_size
+        gpu_blocks = config.gpu_kv_blocks
+        if not gpu_blocks:
+            per_block = 2 * mc.num_layers * mc.num_kv_heads * bs * mc.head_dim * gpu_dtype.itemsize
+            wanted = config.max_num_seqs * blocks_for_tokens(max_len, bs)
+            gpu_blocks = max(1, min(wanted, _DEFAULT_GPU_KV_BYTES // per_block))
+        cpu_dtype = config.cpu_torch_dtype()
+        per_host_block = 2 * mc.num_layers * mc.num_kv_heads * bs * mc.head_dim * cpu_dtype.itemsize
+        host_blocks = int(config.cpu_kv_gib * (1 << 30)) // per_host_block
+        if host_blocks < 1:
+            raise ValueError(f"cpu_kv_gib: {config.cpu_kv_gib} GiB holds no KV block "
+                             f"({per_host_block} bytes each)")
+        resolved = dataclasses.replace(config, gpu_kv_blocks=gpu_blocks,
+                                       max_model_len=max_len, cpu_dtype=_dtype_name(cpu_dtype))
+        gpu_cores, cpu_cores = split_cores(sorted(os.sched_getaffinity(0)), config.gpu_cores,
+                                           config.cpu_cores)
+        return cls(
+            config=resolved,
+            host_kv=HostKVLayout(mc.num_layers, host_blocks, mc.num_kv_heads, bs, mc.head_dim,
+                                 _dtype_name(cpu_dtype)),
+            assist=AssistLayout(max_rows=config.max_num_seqs, hidden=mc.hidden_size,
+                                attn_dim=mc.q_size),
+            ring=RingLayout(),
+            gpu_cores=gpu_cores,
+            cpu_cores=cpu_cores,
+        )
+
+
+@dataclasses.dataclass
+class _Child:
+    kind: str
+    rank: int
+    proc: subprocess.Popen
+    pidfd: int
+    eventfd: int
+
+
+def _release(instance: Instance | None, children: list[_Child]) -> None:
+    """Finalizer-safe teardown: kill children, close fds, unlink segments, remove the dir."""
+    for c in children:
+        if c.proc.poll() is None:
+            c.proc.kill()
+    for c in children:
+        try:
+            c.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        for fd in (c.pidfd, c.eventfd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    children.clear()
+    if instance is not None:
+        instance.cleanup()
+
+
+class Runtime:
+    """One GPU worker and one CPU worker, their shared memory and their control sockets."""
+
+    NUM_CPU_RANKS = 1
+
+    def __init__(self, config: EngineConfig):
+        self.sizing = Sizing.resolve(config)
+        self.config = self.sizing.config
+        self.gpu: WorkerClient | None = None
+        self.cpu: WorkerClient | None = None
+        self.generation = 0  # bumps on every (re)start; the engine resets its state then
+        self.restarts = 0
+        self.dead = asyncio.Event()
+        self.failure: str | None = None
+        self._on_failure: list = []
+        self._instance: Instance | None = None
+        self._children: list[_Child] = []
+        self._ctx: zmq.asyncio.Context | None = None
+        self._router: zmq.asyncio.Socket | None = None
+        self._identities: dict[tuple[str, int], bytes] = {}
+        self._replies: dict[tuple[str, int], asyncio.Queue] = {}
+        self._stopping = False
+        self._restart_task: asyncio.Task | None = None
+        self._reader_task: asyncio.Task | None = None
+        self._finalizer = weakref.finalize(self, _release, None, self._children)
+
+    # --- life cycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        sweep_stale()
+        try:
+            await self._start_group()
+        except BaseException:
+            await self._teardown()
+            raise
+
+    async def _start_group(self) -> None:
+        s = self.sizing
+        inst = self._instance = Instance()
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _release, inst, self._children)
+        n_workers = 1 + self.NUM_CPU_RANKS
+        wake_layout = WakeLayout(n_workers)
+        segs = {
+            "host_kv": inst.create("host-kv", s.host_kv.size),
+            "rings": inst.create("rings", 2 * n_workers * s.ring.size),
+            "wake": inst.create("wake", wake_layout.size),
+            "assist": inst.create("assist", self.NUM_CPU_RANKS * s.assist.size),
+        }
+        self._ctx = zmq.asyncio.Context()
+        self._router = self._ctx.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.LINGER, 0)
+        endpoint = inst.ipc_endpoint("control")
+        self._router.bind(endpoint)
+        loop = asyncio.get_running_loop()
+        clients = []
+        gpu_pid = 0
+        for index, (kind, rank) in enumerate([("gpu", 0)] + [("cpu", r) for r in
+                                                             range(self.NUM_CPU_RANKS)]):
+            ring_in = 2 * index * s.ring.size
+            ring_out = ring_in + s.ring.size
+            efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            spec = P.WorkerSpec(
+                kind=kind, rank=rank, parent_pid=os.getpid(),
+                config=dataclasses.asdict(self.config),
+                cores=s.gpu_cores if kind == "gpu" else s.cpu_cores,
+                control=endpoint, shm={k: v.name for k, v in segs.items()},
+                ring_in_offset=ring_in, ring_out_offset=ring_out,
+                ring_capacity=s.ring.capacity, wake_index=index, gpu_wake_index=0,
+                eventfd=efd, host_kv=dataclasses.asdict(s.host_kv),
+                assist=dataclasses.asdict(s.assist),
+                assist_offset=rank * s.assist.size, num_cpu_ranks=self.NUM_CPU_RANKS,
+                gpu_pid=gpu_pid,
+            )
+            proc = self._spawn(spec, efd)
+            if kind == "gpu":
+                gpu_pid = proc.pid
+            child = _Child(kind, rank, proc, os.pidfd_open(proc.pid), efd)
+            self._children.append(child)
+            client = WorkerClient(
+                kind, rank,
+                Ring(segs["rings"].buf, ring_in, s.ring),
+                Ring(segs["rings"].buf, ring_out, s.ring),
+                FutexWord(segs["wake"].buf, wake_layout.offset(index)), efd)
+            client.pid = proc.pid
+            clients.append(client)
+        self.gpu, self.cpu = clients[0], clients[1]
+        self._reader_task = asyncio.create_task(self._read_control())
+        await self._await_hellos()
+        for c in clients:
+            c.attach(loop)
+        for child in self._children:
+            loop.add_reader(child.pidfd, self._on_death, child)
+        self.generation += 1
+        log.info("runtime up: gpu worker pid %d on cores %s, cpu worker pid %d on cores %s",
+                 self.gpu.pid, s.gpu_cores, self.cpu.pid, s.cpu_cores)
+
+    def _spawn(self, spec: P.WorkerSpec, efd: int) -> subprocess.Popen:
+        env = dict(os.environ)
+        env[SPEC_ENV] = msgspec.json.encode(spec).decode()
+        # Each worker sizes its own thread pools to its pinned cores.
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[var] = str(len(spec.cores))
+        return subprocess.Popen([sys.executable, "-m", "dualpace.runtime.worker_main"],
+                                env=env, pass_fds=(efd,), stdin=subprocess.DEVNULL)
+
+    async def _await_hellos(self) -> None:
+        expected = {(c.kind, c.rank) for c in self._children}
+        deadline = time.monotonic() + self.config.startup_timeout
+        while not expected.issubset(self._identities):
+            for c in self._children:
+                if c.proc.poll() is not None:
+                    raise RuntimeError(f"{c.kind} worker {c.rank} exited during start-up "
+                                       f"(code {c.proc.returncode})")
+            if time.monotonic() > deadline:
+                missing = sorted(expected - set(self._identities))
+                raise TimeoutError(f"workers {missing} did not finish start-up within "
+                                   f"{self.config.startup_timeout}s")
+            await asyncio.sleep(0.02)
+
+    async def _read_control(self) -> None:
+        while True:
+            ident, raw = await self._router.recv_multipart()
+            msg = P.control_decoder.decode(raw)
+            if isinstance(msg, P.Hello):
+                self._identities[(msg.kind, msg.rank)] = ident
+            elif isinstance(msg, (P.Pong, P.Stats)):
+                q = self._replies.setdefault((msg.kind, msg.rank), asyncio.Queue())
+                q.put_nowait(msg)
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Ask every worker to stop, wait for them, release everything. Idempotent."""
+        self._stopping = True
+        if self._restart_task is not None:
+            self._restart_task.cancel()
+        for ident in list(self._identities.values()):
+            try:
+                await self._router.send_multipart([ident, P.encode(P.Shutdown())])
+            except zmq.ZMQError:
+                pass
+        deadline = time.monotonic() + timeout
+        for c in self._children:
+            while c.proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+        await self._teardown()
+
+    async def _teardown(self) -> None:
+        loop = asyncio.get_running_loop()
+        for c in self._children:
+            try:
+                loop.remove_reader(c.pidfd)
+            except (ValueError, OSError):
+                pass
+        for client in (self.gpu, self.cpu):
+            if client is not None:
+                client.detach()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            self._reader_task = None
+        if self._router is not None:
+            self._router.close(linger=0)
+            self._router = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+        self._identities.clear()
+        self._finalizer()  # kills what is left, unlinks segments, removes the runtime dir
+
+    # --- failure ----------------------------------------------------------------------------
+    def on_failure(self, callback) -> None:
+        """``callback(exc)`` runs when a worker dies, after in-flight steps have failed."""
+        self._on_failure.append(callback)
+
+    def _on_death(self, child: _Child) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(child.pidfd)
+        if self._stopping:
+            return
+        rc = child.proc.poll()
+        if rc is None:
+            rc = child.proc.wait()
+        how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
+        exc = WorkerDied(f"{child.kind} worker {child.rank} (pid {child.proc.pid}) died: {how}")
+        log.error("%s", exc)
+        for client in (self.gpu, self.cpu):
+            if client is not None:
+                client.fail_all(exc)
+        for cb in self._on_failure:
+            cb(exc)
+        if self._restart_task is None or self._restart_task.done():
+            self._restart_task = asyncio.create_task(self._restart(exc))
+
+    async def _restart(self, exc: WorkerDied) -> None:
+        await self._teardown()
+        self.restarts += 1
+        if self.restarts > self.config.max_restarts:
+            self.failure = f"{exc}; gave up after {self.config.max_restarts} restarts"
+            log.error("runtime dead: %s", self.failure)
+            self.dead.set()
+            return
+        backoff = min(0.25 * 2 ** (self.restarts - 1), 5.0)
+        log.warning("restarting the worker group in %.2fs (restart %d of %d)", backoff,
+                    self.restarts, self.config.max_restarts)
+        await asyncio.sleep(backoff)
+        try:
+            await self._start_group()
+        except Exception as e:
+            await self._teardown()
+            self.failure = f"restart failed: {e}"
+            self.dead.set()
+
+    # --- control round trips ----------------------------------------------------------------
+    async def _ask(self, kind: str, rank: int, msg, timeout: float = 5.0):
+        ident = self._identities[(kind, rank)]
+        q = self._replies.setdefault((kind, rank), asyncio.Queue())
+        await self._router.send_multipart([ident, P.encode(msg)])
+        return await asyncio.wait_for(q.get(), timeout)
+
+    async def ping(self, kind: str = "gpu", rank: int = 0, nonce: int = 0) -> P.Pong:
+        return await self._ask(kind, rank, P.Ping(nonce=nonce))
+
+    async def stats(self) -> list[P.Stats]:
+        return [await self._ask(c.kind, c.rank, P.StatsRequest()) for c in self._children]
+
+    def worker_pids(self) -> dict[str, int]:
+        return {f"{c.kind}{c.rank}": c.proc.pid for c in self._children}

@@ -1,0 +1,163 @@
+"""Entry point of a spawned worker process: ``python -m dualpace.runtime.worker_main``.
+
+Order matters: die with the parent first, pin to the assigned cores (and NUMA node), load
+the model, attach the shared segments, then say Hello over ZeroMQ so the supervisor's
+start-up handshake completes only when the worker can take work. A control thread answers
+Ping/Stats/Shutdown; the main thread runs the data-plane loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+
+import msgspec
+import torch
+import zmq
+
+from dualpace.config import EngineConfig
+from dualpace.kernels.futex import FutexWord
+from dualpace.kv.cache import KVCache
+from dualpace.model.config import load_model_config
+from dualpace.model.stages import StagedModel
+from dualpace.model.weights import load_weights
+from dualpace.runtime import protocol as P
+from dualpace.runtime.assist import AssistChannel, pid_alive
+from dualpace.runtime.cpu_worker import CpuWorker, HostKV
+from dualpace.runtime.gpu_worker import GpuWorker, StagingKV
+from dualpace.runtime.layouts import DTYPES, AssistLayout, HostKVLayout, RingLayout, WakeLayout
+from dualpace.runtime.placement import die_with_parent, pin_current_process
+from dualpace.runtime.ring import Ring
+from dualpace.runtime.routing import assist_reachable
+from dualpace.runtime.shm import Segment
+
+SPEC_ENV = "DUALPACE_WORKER_SPEC"
+IDLE_SPIN = 20000  # pause iterations before an idle worker sleeps (assist latency)
+log = logging.getLogger("dualpace.worker")
+
+
+class WorkerProcess:
+    def __init__(self, spec: P.WorkerSpec):
+        self.spec = spec
+        self.config = msgspec.convert(spec.config, EngineConfig)
+        self.stop = False
+        seg = {role: Segment.attach(name) for role, name in spec.shm.items()}
+        self.segments = seg
+        wake_layout = WakeLayout(num_workers=1 + spec.num_cpu_ranks)
+        self.wake = FutexWord(seg["wake"].buf, wake_layout.offset(spec.wake_index))
+        gpu_wake = FutexWord(seg["wake"].buf, wake_layout.offset(spec.gpu_wake_index))
+        ring_layout = RingLayout(capacity=spec.ring_capacity)
+        self.ring_in = Ring(seg["rings"].buf, spec.ring_in_offset, ring_layout)
+        self.ring_out = Ring(seg["rings"].buf, spec.ring_out_offset, ring_layout)
+        host = HostKVLayout(**spec.host_kv)
+        host_k, host_v = host.views(seg["host_kv"])
+        alayout = AssistLayout(**spec.assist)
+        channels = [AssistChannel(seg["assist"], alayout, r * alayout.size, gpu_wake)
+                    for r in range(spec.num_cpu_ranks)]
+        self.worker = self._build(host, host_k, host_v, channels)
+
+    def _build(self, host: HostKVLayout, host_k, host_v, channels):
+        cfg, spec = self.config, self.spec
+        mc = load_model_config(cfg.model)
+        max_len = cfg.max_model_len or mc.max_position_embeddings
+        p, f = cfg.thresholds()
+        if spec.kind == "gpu":
+            device = cfg.torch_device()
+            dtype = cfg.torch_dtype(device)
+            model = StagedModel(mc, load_weights(cfg.model, mc, dtype, device), max_len)
+            kv = KVCache(mc.num_layers, cfg.gpu_kv_blocks, mc.num_kv_heads, cfg.block_size,
+                         mc.head_dim, dtype, device)
+            staging_blocks = -(-cfg.max_num_batched_tokens // cfg.block_size)
+            staging = StagingKV(mc.num_layers, staging_blocks, mc.num_kv_heads, cfg.block_size,
+                                mc.head_dim, dtype, device)
+            reachable = assist_reachable(cfg.max_num_seqs, p, f)
+            return GpuWorker(model, kv, staging, host_k, host_v, channels, reachable)
+        dtype = DTYPES[host.dtype]
+        model = StagedModel(mc, load_weights(cfg.model, mc, dtype, "cpu"), max_len)
+        return CpuWorker(model, HostKV(host_k, host_v, cfg.block_size),
+                         channels[spec.rank] if channels else None, (p, f),
+                         pid_alive(spec.gpu_pid))
+
+    # --- data plane -------------------------------------------------------------------------
+    def handle(self, raw: bytes) -> None:
+        msg = P.to_worker_decoder.decode(raw)
+        if isinstance(msg, P.NewRequest):
+            self.worker.requests.add(msg)
+        elif isinstance(msg, P.Release):
+            self.worker.requests.release(msg)
+        else:
+            try:
+                out = self.worker.run(msg)
+            except Exception as e:  # a failed step is reported, the worker lives on
+                log.exception("step %s failed", msg.step_id)
+                out = P.StepFailed(step_id=msg.step_id, message=f"{type(e).__name__}: {e}")
+            self.ring_out.write(P.encode(out))
+            os.eventfd_write(self.spec.eventfd, 1)
+
+    def loop(self) -> None:
+        serve_assists = getattr(self.worker, "serve_assists", None)
+        while not self.stop:
+            seq = self.wake.load()
+            worked = False
+            for raw in self.ring_in.read_all():
+                self.handle(raw)
+                worked = True
+            if serve_assists is not None and serve_assists():
+                worked = True
+            if not worked:
+                self.wake.wait_while_equal(seq, timeout=0.5, spin=IDLE_SPIN)
+
+    # --- control plane ----------------------------------------------------------------------
+    def control_thread(self, sock: zmq.Socket) -> None:
+        w = self.worker
+        while not self.stop:
+            if not sock.poll(200):
+                continue
+            msg = P.control_decoder.decode(sock.recv())
+            if isinstance(msg, P.Ping):
+                reply = P.Pong(nonce=msg.nonce, kind=self.spec.kind, rank=self.spec.rank)
+            elif isinstance(msg, P.StatsRequest):
+                reply = P.Stats(kind=self.spec.kind, rank=self.spec.rank, steps=w.steps,
+                                assist_served=getattr(w, "assist_served", 0),
+                                assist_calls=getattr(w, "assist_calls", 0),
+                                routes=dict(getattr(w, "routes", {})))
+            elif isinstance(msg, P.Shutdown):
+                self.stop = True
+                self.wake.add(1)
+                self.wake.wake()
+                continue
+            else:
+                continue
+            sock.send(P.encode(reply))
+
+
+def main() -> int:
+    spec = msgspec.json.decode(os.environ[SPEC_ENV].encode(), type=P.WorkerSpec)
+    die_with_parent(spec.parent_pid)
+    # SIGTERM/SIGINT belong to the supervisor: a worker stops on Shutdown or parent death.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=os.environ.get("DUALPACE_LOG_LEVEL", "WARNING"),
+                        format=f"%(asctime)s {spec.kind}-worker[{spec.rank}] %(message)s")
+    placement = pin_current_process(spec.cores)
+    torch.set_num_threads(len(spec.cores))
+    log.info("%s", placement)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(spec.control)
+    proc = WorkerProcess(spec)
+    sock.send(P.encode(P.Hello(kind=spec.kind, rank=spec.rank, pid=os.getpid())))
+    thread = threading.Thread(target=proc.control_thread, args=(sock,), daemon=True)
+    thread.start()
+    proc.loop()
+    thread.join(timeout=1.0)
+    sock.close()
+    ctx.term()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

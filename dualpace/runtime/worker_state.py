@@ -1,0 +1,59 @@
+"""What a worker remembers between steps: each request's sampling spec and block table in
+the pool this worker executes over. Descriptors carry only diffs against it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from dualpace.model.batch import ForwardBatch, SeqChunk, build_forward_batch
+from dualpace.runtime.protocol import NewRequest, Release, SamplingSpec, SeqStep
+from dualpace.sampling.sampler import SamplingRow
+
+
+@dataclass
+class WorkerRequest:
+    sampling: SamplingSpec
+    blocks: list[int] = field(default_factory=list)
+
+
+class RequestTable:
+    def __init__(self):
+        self.requests: dict[int, WorkerRequest] = {}
+
+    def add(self, msg: NewRequest) -> None:
+        self.requests[msg.req_id] = WorkerRequest(msg.sampling)
+
+    def release(self, msg: Release) -> None:
+        for rid in msg.req_ids:
+            self.requests.pop(rid, None)
+
+    def get(self, req_id: int) -> WorkerRequest:
+        try:
+            return self.requests[req_id]
+        except KeyError:
+            raise ValueError(f"request {req_id} was never introduced to this worker") from None
+
+    def apply_blocks(self, seqs: list[SeqStep]) -> None:
+        for s in seqs:
+            req = self.get(s.req_id)
+            if s.reset:
+                req.blocks = list(s.new_blocks)
+            else:
+                req.blocks.extend(s.new_blocks)
+
+    def set_blocks(self, req_id: int, blocks: list[int]) -> None:
+        self.get(req_id).blocks = list(blocks)
+
+    def sampling_rows(self, seqs: list[SeqStep]) -> list[SamplingRow]:
+        rows = []
+        for s in seqs:
+            sp = self.get(s.req_id).sampling
+            rows.append(SamplingRow(sp.temperature, sp.top_p, sp.top_k, sp.seed, s.out_index))
+        return rows
+
+    def forward_batch(self, seqs: list[SeqStep], block_size: int,
+                      device: torch.device) -> ForwardBatch:
+        chunks = [SeqChunk(s.token_ids, s.start_pos, self.get(s.req_id).blocks) for s in seqs]
+        return build_forward_batch(chunks, block_size, device)

@@ -1,0 +1,102 @@
+"""The real worker processes, driven without a scheduler: every path token-for-token equal
+to transformers' greedy output (paper §4.1 migrations, §4.2 routes)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+
+import pytest
+
+from dualpace.config import EngineConfig
+from dualpace.runtime.routing import FULL_CPU, FUSED_ASSIST, SPLIT_FINAL
+from dualpace.runtime.supervisor import Runtime
+
+from ..conftest import VOCAB, hf_greedy
+from .harness import Driver
+
+PROMPT_LENS = (5, 17, 33)
+
+
+def _prompts(seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(VOCAB) for _ in range(n)] for n in PROMPT_LENS]
+
+
+def _shm() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("dualpace-")}
+
+
+def run_with_runtime(path, thresholds: str, body):
+    before = _shm()
+
+    async def main():
+        cfg = EngineConfig(model=str(path), gpu_device="cpu", gpu_kv_blocks=48,
+                           cpu_kv_gib=0.02, max_num_seqs=8, assist_thresholds=thresholds)
+        rt = Runtime(cfg)
+        await rt.start()
+        try:
+            return await body(rt, Driver(rt))
+        finally:
+            await rt.stop()
+
+    out = asyncio.run(main())
+    assert _shm() == before, "shared memory leaked"
+    return out
+
+
+def test_gpu_decode_swap_out_cpu_decode_swap_in(llama_checkpoint):
+    path, hf = llama_checkpoint
+    prompts = _prompts(11)
+
+    async def body(rt, d):
+        reqs = [d.new(p) for p in prompts]
+        await d.gpu_step(reqs)  # (a) prefill, then decode on the GPU worker
+        for _ in range(4):
+            await d.gpu_step(reqs)
+        await d.swap_out(reqs[:2])  # (b) swap-out, decode on the CPU worker
+        for _ in range(5):
+            await d.cpu_step(reqs[:2])
+            await d.gpu_step(reqs[2:])
+        await d.swap_in(reqs[:1])  # (d) back to the GPU
+        for _ in range(3):
+            await d.gpu_step([reqs[0], reqs[2]])
+            await d.cpu_step([reqs[1]])
+        d.release(reqs)
+        assert d.gpu_pool.num_used == 0 and d.host_pool.num_used == 0
+        return [r.out for r in reqs]
+
+    outs = run_with_runtime(path, "", body)
+    for p, out in zip(prompts, outs):
+        assert out == hf_greedy(hf, p, len(out))
+
+
+@pytest.mark.parametrize("thresholds,route", [
+    ("0,0", FULL_CPU), ("8,0", SPLIT_FINAL), ("1,0", FUSED_ASSIST),
+])
+def test_prefill_to_cpu_then_each_route(llama_checkpoint, thresholds, route):
+    """(c) Prefill-to-CPU (layer-wise staging copies), CPU decode forced onto each route."""
+    path, hf = llama_checkpoint
+    prompts = _prompts(23)
+
+    async def body(rt, d):
+        reqs = [d.new(p) for p in prompts]
+        await d.prefill_to_cpu(reqs)
+        for _ in range(6):
+            await d.cpu_step(reqs)
+        await d.swap_in(reqs[:1])
+        for _ in range(2):
+            await d.gpu_step(reqs[:1])
+            await d.cpu_step(reqs[1:])
+        stats = {s.kind: s for s in await rt.stats()}
+        d.release(reqs)
+        return [r.out for r in reqs], d, stats
+
+    outs, d, stats = run_with_runtime(path, thresholds, body)
+    for p, out in zip(prompts, outs):
+        assert out == hf_greedy(hf, p, len(out))
+    assert set(d.routes) == {route}
+    calls = {FULL_CPU: 0, SPLIT_FINAL: 1, FUSED_ASSIST: 3}[route] * len(d.routes)
+    assert d.assist_calls == calls
+    assert stats["gpu"].assist_served == calls and stats["cpu"].assist_calls == calls
