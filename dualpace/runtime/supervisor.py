@@ -29,6 +29,7 @@ from dualpace.kernels.futex import FutexWord
 from dualpace.kv.block_pool import blocks_for_tokens
 from dualpace.model.config import load_model_config
 from dualpace.runtime import protocol as P
+from dualpace.runtime.assist import AssistChannel
 from dualpace.runtime.client import WorkerClient, WorkerDied
 from dualpace.runtime.layouts import AssistLayout, HostKVLayout, RingLayout, WakeLayout
 from dualpace.runtime.placement import split_cores
@@ -136,6 +137,7 @@ class Runtime:
         self.failure: str | None = None
         self._on_failure: list = []
         self._instance: Instance | None = None
+        self._segments: dict = {}
         self._children: list[_Child] = []
         self._ctx: zmq.asyncio.Context | None = None
         self._router: zmq.asyncio.Socket | None = None
@@ -168,6 +170,7 @@ class Runtime:
             "wake": inst.create("wake", wake_layout.size),
             "assist": inst.create("assist", self.NUM_CPU_RANKS * s.assist.size),
         }
+        self._segments = segs
         self._ctx = zmq.asyncio.Context()
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.LINGER, 0)
@@ -342,6 +345,14 @@ class Runtime:
 
     async def stats(self) -> list[P.Stats]:
         return [await self._ask(c.kind, c.rank, P.StatsRequest()) for c in self._children]
+
+    def assist_channel(self, rank: int = 0) -> AssistChannel:
+        """An extra handle on CPU rank ``rank``'s Dense Assist exchange, for the profiler and
+        benchmarks, which stand in for that CPU worker (it must be idle meanwhile)."""
+        s = self.sizing
+        segs = self._segments
+        wake = FutexWord(segs["wake"].buf, WakeLayout(1 + self.NUM_CPU_RANKS).offset(0))
+        return AssistChannel(segs["assist"], s.assist, rank * s.assist.size, wake)
 
     def worker_pids(self) -> dict[str, int]:
         return {f"{c.kind}{c.rank}": c.proc.pid for c in self._children}

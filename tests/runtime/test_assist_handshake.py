@@ -78,7 +78,7 @@ def test_dead_peer_is_noticed(channel):
 
 
 def test_gpu_side_failure_reaches_the_caller(channel):
-    ch, wake, _ = channel
+    ch, _, _ = channel
 
     def boom(*args):
         raise RuntimeError("kernel failed")
@@ -104,7 +104,7 @@ def test_oversized_batch_is_rejected(channel):
 
 def test_no_lost_wakeup_across_processes(channel):
     """10k assists between two processes; a lost wake-up would hang into the timeout."""
-    ch, wake, seg = channel
+    ch, wake, _ = channel
     n = 10_000
     pid = os.fork()
     if pid == 0:  # the "GPU worker"

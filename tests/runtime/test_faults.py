@@ -93,6 +93,15 @@ def test_restart_bound_marks_runtime_dead(llama_checkpoint):
     assert _shm() == before
 
 
+def _running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 SUPERVISOR_SCRIPT = textwrap.dedent("""
     import asyncio, sys
     from dualpace.config import EngineConfig
@@ -123,8 +132,7 @@ def test_supervisor_kill9_takes_workers_and_next_start_sweeps(llama_checkpoint):
         deadline = time.monotonic() + 2.0
         alive = pids
         while alive and time.monotonic() < deadline:
-            alive = [p for p in pids if os.path.exists(f"/proc/{p}")
-                     and "Z" not in open(f"/proc/{p}/stat").read().split(")")[1][:3]]
+            alive = [p for p in pids if _running(p)]
             time.sleep(0.02)
         assert not alive, f"workers {alive} outlived the supervisor by 2 s"
     finally:
