@@ -58,7 +58,7 @@ async def run(args) -> dict:
         try:
             os.sched_setaffinity(0, rt.sizing.cpu_cores)
             torch.set_num_threads(len(rt.sizing.cpu_cores))  # as the CPU worker does
-            ch = rt.assist_channel(0)
+            ch = rt.assist_channel()
             assist_roundtrips(ch, args.hidden, 0, 200)  # warm-up
             result = {"assist_roundtrip_us": pct(assist_roundtrips(ch, args.hidden, 0, args.n))}
             result["assist_payload_us"] = {

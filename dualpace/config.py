@@ -30,6 +30,8 @@ class EngineConfig:
     assist_thresholds: str = ""  # "P,F" (Eq. 5); empty = from --profile, else "0,0"
     gpu_cores: str = ""  # e.g. "0-3"; empty = split the allowed cores
     cpu_cores: str = ""
+    gpu_tp: int = 1  # tensor-parallel ranks (processes) of the GPU worker group
+    cpu_tp: int = 1  # ... and of the CPU worker group
     startup_timeout: float = 120.0  # seconds for every worker to load and say hello
     max_restarts: int = 3  # worker-group restarts before the runtime gives up
 
@@ -59,6 +61,8 @@ class EngineConfig:
             from dualpace.runtime.routing import parse_thresholds
 
             parse_thresholds(self.assist_thresholds)
+        if self.gpu_tp < 1 or self.cpu_tp < 1:
+            raise ValueError(f"gpu_tp/cpu_tp: must be >= 1, got {self.gpu_tp}/{self.cpu_tp}")
         if self.startup_timeout <= 0 or self.max_restarts < 0:
             raise ValueError("startup_timeout must be > 0 and max_restarts >= 0")
 

@@ -6,6 +6,7 @@ checkpoints, transformers < 5) and ``rope_parameters`` (transformers >= 5).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,20 @@ class ModelConfig:
     qk_norm: bool
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
+
+    def shard(self, tp: int) -> ModelConfig:
+        """The per-rank view under ``tp``-way tensor parallelism: attention heads (query and
+        KV) and the MLP's intermediate dimension are split; hidden size is not."""
+        if tp == 1:
+            return self
+        for name, n in (("num_attention_heads", self.num_heads),
+                        ("num_key_value_heads", self.num_kv_heads),
+                        ("intermediate_size", self.intermediate_size)):
+            if n % tp:
+                raise ValueError(f"tensor parallelism {tp} does not divide {name}={n}")
+        return dataclasses.replace(self, num_heads=self.num_heads // tp,
+                                   num_kv_heads=self.num_kv_heads // tp,
+                                   intermediate_size=self.intermediate_size // tp)
 
     @property
     def q_size(self) -> int:

@@ -77,7 +77,10 @@ class StagedModel:
         weights: ModelWeights,
         max_positions: int,
         decode_attention: DecodeAttention | None = None,
+        all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
+        """``cfg`` is this rank's view (``ModelConfig.shard``); ``all_reduce`` sums the
+        row-parallel O and down projections over the tensor-parallel group (None: one rank)."""
         self.cfg = cfg
         self.w = weights
         self.device = weights.embed.device
@@ -86,6 +89,7 @@ class StagedModel:
         self.scale = cfg.head_dim**-0.5
         self.decode_attention = decode_attention or default_decode_attention(self.device)
         self.linear = default_linear(self.device, self.dtype)
+        self.all_reduce = all_reduce or (lambda t: t)
 
     # --- stages --------------------------------------------------------------------------
     def pre_layer(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -124,10 +128,11 @@ class StagedModel:
 
     def post_attention(self, i: int, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         cfg, lw = self.cfg, self.w.layers[i]
-        hidden = hidden + self.linear(attn, lw.o, lw.o_bias)
+        o = self.all_reduce(self.linear(attn, lw.o, None))
+        hidden = hidden + (o if lw.o_bias is None else o + lw.o_bias)
         x = rms_norm(hidden, lw.post_norm, cfg.rms_norm_eps)
         gate, up = self.linear(x, lw.gate_up, None).chunk(2, dim=-1)
-        return hidden + self.linear(F.silu(gate) * up, lw.down, None)
+        return hidden + self.all_reduce(self.linear(F.silu(gate) * up, lw.down, None))
 
     def post_layer(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head on the sampling rows; logits in fp32."""

@@ -73,7 +73,10 @@ class _TensorSource:
     def has(self, name: str) -> bool:
         return name in self._where
 
-    def get(self, name: str) -> tuple[torch.Tensor, Path]:
+    def get(self, name: str, shape: tuple[int, ...], part: Part | None
+            ) -> tuple[torch.Tensor, Path]:
+        """The tensor (or the rows/columns ``part`` of it, read without the rest), checked
+        against its expected full ``shape``."""
         if name not in self._where:
             raise CheckpointError(f"{self._dir}: missing tensor {name!r}")
         fname = self._where[name]
@@ -81,7 +84,19 @@ class _TensorSource:
         if fname not in self._handles:
             self._handles[fname] = _open(path, self._stack)
         try:
-            tensor = self._handles[fname].get_tensor(name)
+            view = self._handles[fname].get_slice(name)
+            stored = tuple(view.get_shape())
+            if stored != tuple(shape):
+                raise CheckpointError(
+                    f"{path}: tensor {name!r} has shape {stored}, expected {tuple(shape)}")
+            if part is None:
+                tensor = view[:]
+            elif part.dim == 0:
+                tensor = view[part.start:part.stop]
+            else:
+                tensor = view[:, part.start:part.stop]
+        except CheckpointError:
+            raise
         except Exception as e:  # safetensors raises its own error types
             raise CheckpointError(f"{path}: cannot read tensor {name!r} ({e})") from e
         return tensor, path
@@ -100,6 +115,27 @@ def _open(path: Path, stack: ExitStack | None):
     return stack.enter_context(handle)
 
 
+@dataclass(frozen=True)
+class Part:
+    """Rows (dim 0) or columns (dim 1) [start, stop) of a tensor: one tensor-parallel shard."""
+
+    dim: int
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class Shard:
+    rank: int = 0
+    size: int = 1
+
+    def part(self, dim: int, full: int) -> Part | None:
+        if self.size == 1:
+            return None
+        n = full // self.size
+        return Part(dim, self.rank * n, (self.rank + 1) * n)
+
+
 class WeightLoader:
     """Reads, checks and converts checkpoint tensors; errors name the file and tensor."""
 
@@ -108,59 +144,58 @@ class WeightLoader:
         self.dtype = dtype
         self.device = device
 
-    def load(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        tensor, path = self.source.get(name)
-        if tuple(tensor.shape) != tuple(shape):
-            raise CheckpointError(
-                f"{path}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(shape)}"
-            )
+    def load(self, name: str, shape: tuple[int, ...], part: Part | None = None) -> torch.Tensor:
+        tensor, path = self.source.get(name, shape, part)
         if tensor.dtype not in _STORED_DTYPES:
             raise CheckpointError(
                 f"{path}: tensor {name!r} is stored as {tensor.dtype}; "
                 "supported: float32, float16, bfloat16"
             )
-        return tensor.to(device=self.device, dtype=self.dtype)
+        return tensor.to(device=self.device, dtype=self.dtype).contiguous()
 
-    def load_cat(self, names_shapes: list[tuple[str, tuple[int, ...]]]) -> torch.Tensor:
-        return torch.cat([self.load(n, s) for n, s in names_shapes], dim=0)
+    def load_cat(self, parts: list[tuple[str, tuple[int, ...], Part | None]]) -> torch.Tensor:
+        return torch.cat([self.load(n, s, p) for n, s, p in parts], dim=0)
 
 
-def _layer(cfg: ModelConfig, w: WeightLoader, i: int) -> LayerWeights:
+def _layer(cfg: ModelConfig, w: WeightLoader, i: int, shard: Shard) -> LayerWeights:
+    """One layer's weights; under tensor parallelism this rank's heads and MLP columns
+    (column-parallel QKV and gate/up, row-parallel O and down)."""
     p = f"model.layers.{i}."
     H, D, I = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size  # noqa: E741
-    qkv_parts = [
-        (p + "self_attn.q_proj", cfg.q_size),
-        (p + "self_attn.k_proj", cfg.kv_size),
-        (p + "self_attn.v_proj", cfg.kv_size),
-    ]
+    qkv = [(p + "self_attn.q_proj", cfg.q_size), (p + "self_attn.k_proj", cfg.kv_size),
+           (p + "self_attn.v_proj", cfg.kv_size)]
+    mlp_in = [(p + "mlp.gate_proj.weight", I), (p + "mlp.up_proj.weight", I)]
     return LayerWeights(
         input_norm=w.load(p + "input_layernorm.weight", (H,)),
-        qkv=w.load_cat([(n + ".weight", (rows, H)) for n, rows in qkv_parts]),
-        qkv_bias=w.load_cat([(n + ".bias", (rows,)) for n, rows in qkv_parts])
+        qkv=w.load_cat([(n + ".weight", (r, H), shard.part(0, r)) for n, r in qkv]),
+        qkv_bias=w.load_cat([(n + ".bias", (r,), shard.part(0, r)) for n, r in qkv])
         if cfg.qkv_bias
         else None,
         q_norm=w.load(p + "self_attn.q_norm.weight", (D,)) if cfg.qk_norm else None,
         k_norm=w.load(p + "self_attn.k_norm.weight", (D,)) if cfg.qk_norm else None,
-        o=w.load(p + "self_attn.o_proj.weight", (H, cfg.q_size)),
+        o=w.load(p + "self_attn.o_proj.weight", (H, cfg.q_size), shard.part(1, cfg.q_size)),
         o_bias=w.load(p + "self_attn.o_proj.bias", (H,)) if cfg.o_bias else None,
         post_norm=w.load(p + "post_attention_layernorm.weight", (H,)),
-        gate_up=w.load_cat(
-            [(p + "mlp.gate_proj.weight", (I, H)), (p + "mlp.up_proj.weight", (I, H))]
-        ),
-        down=w.load(p + "mlp.down_proj.weight", (H, I)),
+        gate_up=w.load_cat([(n, (I, H), shard.part(0, I)) for n, _ in mlp_in]),
+        down=w.load(p + "mlp.down_proj.weight", (H, I), shard.part(1, I)),
     )
 
 
 def load_weights(
-    model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu"
+    model_dir: str | Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu",
+    shard: Shard = Shard(),
 ) -> ModelWeights:
-    """Load a checkpoint's weights into fused, compute-dtype tensors on ``device``."""
+    """Load a checkpoint's weights into fused, compute-dtype tensors on ``device``.
+
+    ``cfg`` is the checkpoint's (unsharded) config; with ``shard`` only this rank's part of
+    every split tensor is read. Embedding, norms and LM head are replicated."""
     model_dir = Path(model_dir)
+    cfg.shard(shard.size)  # checks divisibility
     with ExitStack() as stack:
         loader = WeightLoader(_TensorSource(model_dir, stack), dtype, torch.device(device))
         V, H = cfg.vocab_size, cfg.hidden_size
         embed = loader.load("model.embed_tokens.weight", (V, H))
-        layers = [_layer(cfg, loader, i) for i in range(cfg.num_layers)]
+        layers = [_layer(cfg, loader, i, shard) for i in range(cfg.num_layers)]
         final_norm = loader.load("model.norm.weight", (H,))
         if loader.source.has("lm_head.weight") and not cfg.tie_word_embeddings:
             lm_head = loader.load("lm_head.weight", (V, H))

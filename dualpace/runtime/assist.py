@@ -2,9 +2,15 @@
 worker through shared memory (paper §4.2, §5).
 
 State word: IDLE -> CPU_READY (CPU wrote the inputs) -> GPU_RUNNING -> GPU_DONE (GPU wrote
-the outputs) -> IDLE. The CPU side spins briefly, then futex-waits on the word; the GPU side
-notices CPU_READY at its next stage boundary (or when its wake word rings while idle). The
-request never changes owner: only activations cross, its KV stays in host memory.
+the outputs) -> IDLE. The CPU side spins briefly, then futex-waits; the GPU side notices
+CPU_READY at its next stage boundary (or when its wake word rings while idle). The request
+never changes owner: only activations cross, its KV stays in host memory.
+
+With CPU tensor parallelism every CPU rank writes its own attention columns and "arrives";
+the last to arrive raises CPU_READY. Every rank waits for DONE_SEQ to reach its call number
+(so a DONE of the previous call is never mistaken for this one) and "departs" after reading
+the outputs; the last to depart returns the word to IDLE. A rank arrives for call k+1 only
+after it departed call k, so READY of k+1 always follows IDLE of k.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from dualpace.runtime.layouts import (
 )
 from dualpace.sampling.sampler import SamplingRow
 
-SPIN = 4000  # pause iterations (~10-40 µs) before sleeping in the kernel
+SPIN = 4000  # pause iterations (~10-100 µs) before sleeping in the kernel
 
 
 class PeerDied(RuntimeError):
@@ -42,53 +48,73 @@ class AssistFailed(RuntimeError):
 
 
 class AssistChannel:
-    """Both ends of one Dense Assist exchange (one CPU worker rank <-> the GPU worker)."""
+    """Both ends of the Dense Assist exchange of one CPU worker group with the GPU group."""
 
     def __init__(self, seg, layout: AssistLayout, base: int, gpu_wake: FutexWord):
         self.layout = layout
-        self.state = FutexWord(seg.buf, base + layout.STATE)
-        self.op = FutexWord(seg.buf, base + layout.OP)
-        self.layer = FutexWord(seg.buf, base + layout.LAYER)
-        self.rows = FutexWord(seg.buf, base + layout.ROWS)
+        w = {name: FutexWord(seg.buf, base + off) for name, off in (
+            ("state", layout.STATE), ("op", layout.OP), ("layer", layout.LAYER),
+            ("rows", layout.ROWS), ("call_seq", layout.CALL_SEQ),
+            ("done_seq", layout.DONE_SEQ), ("arrive", layout.ARRIVE),
+            ("depart", layout.DEPART))}
+        self.state, self.op, self.layer, self.rows = w["state"], w["op"], w["layer"], w["rows"]
+        self.call_seq, self.done_seq = w["call_seq"], w["done_seq"]
+        self.arrive, self.depart = w["arrive"], w["depart"]
         self.buf = layout.views(seg, base)
         self.gpu_wake = gpu_wake
+        self._calls = self.done_seq.load()  # this side's call count (every CPU rank agrees)
 
     # --- CPU side -------------------------------------------------------------------------
     def call(self, op: int, layer: int, hidden: torch.Tensor, attn: torch.Tensor | None,
              rows: list[SamplingRow] | None, peer_alive: Callable[[], bool],
-             timeout: float = 600.0) -> torch.Tensor:
-        """Run one assisted stage; returns hidden [b, H] (OP_POST_ATTN) or tokens [b]."""
+             timeout: float = 600.0, rank: int = 0, size: int = 1) -> torch.Tensor:
+        """Run one assisted stage; returns hidden [b, H] (OP_POST_ATTN, OP_ECHO) or the
+        sampled tokens [b]. ``attn`` is this rank's columns of the attention output."""
         b = hidden.shape[0]
         if b > self.layout.max_rows:
             raise ValueError(
                 f"assist batch of {b} rows exceeds the buffer ({self.layout.max_rows})")
-        self.buf["hidden_in"][:b].copy_(hidden)
+        self._calls += 1
+        if rank == 0:
+            self.buf["hidden_in"][:b].copy_(hidden)
+            if rows is not None:
+                self._write_sampling(rows)
+            self.op.store(op)
+            self.layer.store(layer)
+            self.rows.store(b)
         if attn is not None:
-            self.buf["attn_in"][:b].copy_(attn)
-        if rows is not None:
-            self._write_sampling(rows)
-        self.op.store(op)
-        self.layer.store(layer)
-        self.rows.store(b)
-        self.state.store(ASSIST_CPU_READY)
-        self.gpu_wake.add(1)
-        self.gpu_wake.wake()
+            cols = attn.shape[1]
+            self.buf["attn_in"][:b, rank * cols:(rank + 1) * cols].copy_(attn)
+        if self.arrive.add(1) == size:
+            self.arrive.store(0)
+            self.call_seq.store(self._calls)
+            self.state.store(ASSIST_CPU_READY)
+            self.gpu_wake.add(1)
+            self.gpu_wake.wake()
+        self._wait_done(peer_alive, timeout)
+        failed = self.state.load() == ASSIST_GPU_FAILED
+        out = None
+        if not failed:
+            key = "hidden_out" if op in (OP_POST_ATTN, OP_ECHO) else "tokens_out"
+            out = self.buf[key][:b].clone()
+        if self.depart.add(1) == size:
+            self.depart.store(0)
+            self.state.store(ASSIST_IDLE)
+        if failed:
+            raise AssistFailed("GPU worker failed the Dense Assist call")
+        return out
+
+    def _wait_done(self, peer_alive: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while True:
-            s = self.state.load()
-            if s in (ASSIST_GPU_DONE, ASSIST_GPU_FAILED):
-                break
-            if not self.state.wait_while_equal(s, timeout=0.5, spin=SPIN):
+            done = self.done_seq.load()
+            if done == self._calls:
+                return
+            if not self.done_seq.wait_while_equal(done, timeout=0.5, spin=SPIN):
                 if not peer_alive():
                     raise PeerDied("GPU worker died during a Dense Assist call")
                 if time.monotonic() > deadline:
                     raise AssistFailed(f"Dense Assist timed out after {timeout}s")
-        self.state.store(ASSIST_IDLE)
-        if s == ASSIST_GPU_FAILED:
-            raise AssistFailed("GPU worker failed the Dense Assist call")
-        if op in (OP_POST_ATTN, OP_ECHO):
-            return self.buf["hidden_out"][:b].clone()
-        return self.buf["tokens_out"][:b].clone()
 
     def _write_sampling(self, rows: list[SamplingRow]) -> None:
         b = len(rows)
@@ -102,20 +128,26 @@ class AssistChannel:
     def ready(self) -> bool:
         return self.state.load() == ASSIST_CPU_READY
 
+    def claim(self) -> bool:
+        """GPU rank 0 takes a waiting request (CPU_READY -> GPU_RUNNING)."""
+        return self.state.compare_exchange(ASSIST_CPU_READY, ASSIST_GPU_RUNNING)
+
+    def finish(self, ok: bool) -> None:
+        """GPU rank 0 publishes the outputs (or the failure) of the claimed request."""
+        self.state.store(ASSIST_GPU_DONE if ok else ASSIST_GPU_FAILED)
+        self.done_seq.store(self.call_seq.load())
+        self.done_seq.wake(1 << 30)
+
     def serve(self, run: Callable[[AssistChannel, int, int, int], None]) -> bool:
-        """If a request is waiting, claim it, run ``run(self, op, layer, rows)``, publish.
-        Returns whether one was served."""
-        if not self.state.compare_exchange(ASSIST_CPU_READY, ASSIST_GPU_RUNNING):
+        """Single GPU rank: claim a waiting request, ``run(self, op, layer, rows)``, publish."""
+        if not self.claim():
             return False
+        ok = False
         try:
             run(self, self.op.load(), self.layer.load(), self.rows.load())
-            done = ASSIST_GPU_DONE
-        except Exception:
-            done = ASSIST_GPU_FAILED
-            raise
+            ok = True
         finally:
-            self.state.store(done)
-            self.state.wake()
+            self.finish(ok)
         return True
 
     def sampling_rows(self, b: int) -> list[SamplingRow]:
@@ -138,6 +170,11 @@ def pid_alive(pid: int) -> Callable[[], bool]:
         return True
 
     return alive
+
+
+def needs_group(op: int) -> bool:
+    """Ops whose GPU work spans the tensor-parallel group (sharded post-attention)."""
+    return op in (OP_POST_ATTN, OP_POST_ATTN_FINAL)
 
 
 __all__ = ["OP_ECHO", "OP_POST_ATTN", "OP_POST_ATTN_FINAL", "OP_POST_LAYER", "AssistChannel"]

@@ -84,3 +84,55 @@ class WorkerClient:
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(exc)
+
+
+class WorkerGroup:
+    """The tensor-parallel ranks of one worker kind, used like a single worker: every record
+    goes to every rank; a step completes when every rank completed it (their sampled tokens
+    agree: the all-reduced logits are identical), and the result is rank 0's."""
+
+    def __init__(self, ranks: list[WorkerClient]):
+        self.ranks = ranks
+        self.kind = ranks[0].kind
+
+    @property
+    def pid(self) -> int:
+        return self.ranks[0].pid
+
+    @property
+    def pids(self) -> list[int]:
+        return [r.pid for r in self.ranks]
+
+    @property
+    def in_flight(self) -> int:
+        return self.ranks[0].in_flight
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        for r in self.ranks:
+            r.attach(loop)
+
+    def detach(self) -> None:
+        for r in self.ranks:
+            r.detach()
+
+    def send(self, msg) -> None:
+        for r in self.ranks:
+            r.send(msg)
+
+    def submit(self, batch: P.GpuBatch | P.CpuBatch) -> asyncio.Future:
+        futs = [r.submit(batch) for r in self.ranks]
+        if len(futs) == 1:
+            return futs[0]
+        return asyncio.ensure_future(self._first_of_all(futs))
+
+    @staticmethod
+    async def _first_of_all(futs: list[asyncio.Future]) -> P.StepDone:
+        results = await asyncio.gather(*futs)
+        return results[0]
+
+    async def step(self, batch: P.GpuBatch | P.CpuBatch) -> P.StepDone:
+        return await self.submit(batch)
+
+    def fail_all(self, exc: BaseException) -> None:
+        for r in self.ranks:
+            r.fail_all(exc)

@@ -33,8 +33,13 @@ class HostKV:
 
 class CpuWorker:
     def __init__(self, model: StagedModel, kv: HostKV, assist: AssistChannel | None,
-                 thresholds: tuple[int, int], gpu_alive: Callable[[], bool]):
+                 thresholds: tuple[int, int], gpu_alive: Callable[[], bool],
+                 tp_rank: int = 0, tp_size: int = 1):
+        """Under CPU tensor parallelism every rank runs the same batch over its KV heads
+        (``kv`` is its region of the host pool); the model all-reduces its row-parallel
+        projections, and Dense Assist calls gather every rank's attention columns."""
         self.model = model
+        self.tp_rank, self.tp_size = tp_rank, tp_size
         self.kv = kv
         self.assist = assist
         self.p, self.f = thresholds
@@ -89,5 +94,5 @@ class CpuWorker:
 
     def _assist(self, op, layer, hidden, attn, rows):
         out = self.assist.call(op, layer, hidden.float(), None if attn is None else attn.float(),
-                               rows, self.gpu_alive)
+                               rows, self.gpu_alive, rank=self.tp_rank, size=self.tp_size)
         return out.to(self.model.dtype) if op == OP_POST_ATTN else out

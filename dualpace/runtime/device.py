@@ -32,12 +32,14 @@ class DeviceOps:
 
     def copy_blocks(self, src: torch.Tensor, dst: torch.Tensor, src_ids: list[int],
                     dst_ids: list[int]) -> None:
-        """dst[dst_ids] = src[src_ids] for whole blocks of one layer (any devices/dtypes)."""
+        """dst[dst_ids] = src[src_ids] for whole blocks of one layer (any devices/dtypes;
+        head-range views of a pool are fine)."""
         if not src_ids:
             return
         s_idx = torch.tensor(src_ids, dtype=torch.long, device=src.device)
         d_idx = torch.tensor(dst_ids, dtype=torch.long, device=dst.device)
-        if src.device.type == "cpu" and dst.device.type == "cpu" and src.dtype == dst.dtype:
+        if (src.device.type == "cpu" and dst.device.type == "cpu" and src.dtype == dst.dtype
+                and src.is_contiguous() and dst.is_contiguous()):
             from dualpace.kernels import cpu
 
             if cpu.available():

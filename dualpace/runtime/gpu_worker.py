@@ -18,10 +18,11 @@ import torch
 from dualpace.kv.cache import KVCache
 from dualpace.model.batch import SeqChunk, build_forward_batch
 from dualpace.model.stages import StagedModel
-from dualpace.runtime.assist import AssistChannel
+from dualpace.runtime.assist import AssistChannel, needs_group
 from dualpace.runtime.device import DeviceOps
-from dualpace.runtime.layouts import OP_ECHO, OP_POST_ATTN, OP_POST_ATTN_FINAL
+from dualpace.runtime.layouts import OP_ECHO, OP_POST_ATTN
 from dualpace.runtime.protocol import GpuBatch, Migration, SeqStep, StepDone
+from dualpace.runtime.tp_control import BOUNDARY, IDLE, DecisionLog
 from dualpace.runtime.worker_state import RequestTable
 from dualpace.sampling.sampler import sample
 
@@ -42,16 +43,26 @@ class StagingKV:
 
 class GpuWorker:
     def __init__(self, model: StagedModel, kv: KVCache, staging: StagingKV,
-                 host_k: list[torch.Tensor], host_v: list[torch.Tensor],
-                 assists: list[AssistChannel], assist_reachable: bool):
+                 host_regions: list[tuple[list[torch.Tensor], list[torch.Tensor]]],
+                 head_map: list[tuple[int, int, int, int, int]],
+                 assist: AssistChannel | None, assist_reachable: bool,
+                 tp_rank: int = 0, tp_size: int = 1, decisions: DecisionLog | None = None):
+        """``host_regions``: per CPU TP rank, the per-layer (K, V) views of its host-pool
+        region; ``head_map``: where this rank's KV heads live in them (layouts.head_ranges)."""
         self.model = model
         self.kv = kv
         self.staging = staging
-        self.host_k, self.host_v = host_k, host_v
-        self.assists = assists
-        self.assist_reachable = assist_reachable and bool(assists)
+        self.host_regions = host_regions
+        self.head_map = head_map
+        self.assist = assist
+        self.assist_reachable = assist_reachable and assist is not None
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.decisions = decisions
+        q = model.cfg.q_size  # this rank's query columns of the full attention output
+        self.q_cols = slice(tp_rank * q, (tp_rank + 1) * q)
         self.ops = DeviceOps(model.device)
-        self.ops.register_host(host_k + host_v)
+        for k, v in host_regions:
+            self.ops.register_host(k + v)
         self.requests = RequestTable()
         self.block_size = kv.block_size
         self.steps = 0
@@ -59,28 +70,62 @@ class GpuWorker:
 
     # --- Dense Assist ---------------------------------------------------------------------
     def boundary(self) -> None:
-        """A stage boundary: serve any ready Dense Assist before the next main task."""
-        if self.assist_reachable:
-            self.serve_assists()
+        """A stage boundary: serve a ready Dense Assist before the next main task (rank 0
+        decides; the other ranks follow its published decision)."""
+        if not self.assist_reachable:
+            return
+        if self.tp_rank == 0:
+            ch = self.assist
+            claimed = ch.ready() and ch.claim()
+            if self.decisions is not None:
+                self.decisions.publish(BOUNDARY, claimed and needs_group(ch.op.load()))
+            if claimed:
+                self._serve_claimed()
+        elif self.decisions.next_boundary():
+            self._run_assist(leader=False)
 
     def serve_assists(self) -> bool:
+        """While idle: serve a waiting Dense Assist (any configuration: the profiler and
+        benchmarks use the echo op even when no route is reachable)."""
+        if self.assist is None:
+            return False
+        if self.tp_rank == 0:
+            ch = self.assist
+            if not (ch.ready() and ch.claim()):
+                return False
+            if self.decisions is not None and needs_group(ch.op.load()):
+                self.decisions.publish(IDLE, True)
+            self._serve_claimed()
+            return True
         served = False
-        for ch in self.assists:
-            if ch.ready() and ch.serve(self._run_assist):
-                self.assist_served += 1
-                served = True
+        while self.decisions.next_idle():
+            self._run_assist(leader=False)
+            served = True
         return served
 
+    def _serve_claimed(self) -> None:
+        ok = False
+        try:
+            self._run_assist(leader=True)
+            ok = True
+        finally:
+            self.assist.finish(ok)
+            self.assist_served += 1
+
     @torch.inference_mode()
-    def _run_assist(self, ch: AssistChannel, op: int, layer: int, rows: int) -> None:
-        m = self.model
+    def _run_assist(self, leader: bool) -> None:
+        ch, m = self.assist, self.model
+        op, layer, rows = ch.op.load(), ch.layer.load(), ch.rows.load()
         if op == OP_ECHO:
-            ch.buf["hidden_out"][:rows].copy_(ch.buf["hidden_in"][:rows])
+            if leader:
+                ch.buf["hidden_out"][:rows].copy_(ch.buf["hidden_in"][:rows])
             return
         h = ch.buf["hidden_in"][:rows].to(m.device, m.dtype)
-        if op in (OP_POST_ATTN, OP_POST_ATTN_FINAL):
-            a = ch.buf["attn_in"][:rows].to(m.device, m.dtype)
-            h = m.post_attention(layer, h, a)
+        if needs_group(op):
+            a = ch.buf["attn_in"][:rows, self.q_cols].to(m.device, m.dtype)
+            h = m.post_attention(layer, h, a)  # all ranks: the O/down all-reduces
+        if not leader:
+            return
         if op == OP_POST_ATTN:
             ch.buf["hidden_out"][:rows].copy_(h.float())
             return
@@ -88,19 +133,27 @@ class GpuWorker:
         ch.buf["tokens_out"][:rows] = torch.tensor(tokens, dtype=torch.int64)
 
     # --- migrations -----------------------------------------------------------------------
-    def _copy(self, m: Migration, to_host: bool) -> None:
+    def _copy_layer(self, i: int, src_ids: list[int], dst_ids: list[int], to_host: bool,
+                    kv=None) -> None:
+        """One layer's blocks between this rank's pool (or staging) and the host regions."""
+        kv = kv or self.kv
+        for c, g0, g1, h0, h1 in self.head_map:
+            hk, hv = self.host_regions[c]
+            pairs = ((kv.k[i][:, g0:g1], hk[i][:, h0:h1]), (kv.v[i][:, g0:g1], hv[i][:, h0:h1]))
+            for dev, host in pairs:
+                if to_host:
+                    self.ops.copy_blocks(dev, host, src_ids, dst_ids)
+                else:
+                    self.ops.copy_blocks(host, dev, src_ids, dst_ids)
+
+    def _migrate(self, m: Migration, to_host: bool) -> None:
         nb = -(-m.num_tokens // self.block_size)
         src, dst = m.src_blocks[:nb], m.dst_blocks[:nb]
         if len(src) < nb or len(dst) < nb:
             raise ValueError(f"migration of request {m.req_id}: {m.num_tokens} tokens need {nb} "
                              f"blocks, got {len(m.src_blocks)} -> {len(m.dst_blocks)}")
         for i in range(self.model.cfg.num_layers):
-            if to_host:
-                self.ops.copy_blocks(self.kv.k[i], self.host_k[i], src, dst)
-                self.ops.copy_blocks(self.kv.v[i], self.host_v[i], src, dst)
-            else:
-                self.ops.copy_blocks(self.host_k[i], self.kv.k[i], src, dst)
-                self.ops.copy_blocks(self.host_v[i], self.kv.v[i], src, dst)
+            self._copy_layer(i, src, dst, to_host)
             self.boundary()
 
     # --- a GPU-main step ------------------------------------------------------------------
@@ -109,11 +162,11 @@ class GpuWorker:
         t0 = time.perf_counter()
         ready: list[int] = []
         for m in msg.swap_out:
-            self._copy(m, to_host=True)
+            self._migrate(m, to_host=True)
             self.requests.set_blocks(m.req_id, [])
             ready.append(m.req_id)
         for m in msg.swap_in:
-            self._copy(m, to_host=False)
+            self._migrate(m, to_host=False)
             self.requests.set_blocks(m.req_id, m.dst_blocks)
             ready.append(m.req_id)
         self.ops.synchronize()
@@ -164,10 +217,9 @@ class GpuWorker:
         self.boundary()
         for i in range(m.cfg.num_layers):
             hidden = m.layer(i, hidden, fb, kv)
-            if staging_tables is not None:
+            if staging_tables is not None:  # this layer's K/V -> the reserved host blocks
                 for s, t in zip(seqs, staging_tables):
-                    self.ops.copy_blocks(kv.k[i], self.host_k[i], t, s.host_blocks[:len(t)])
-                    self.ops.copy_blocks(kv.v[i], self.host_v[i], t, s.host_blocks[:len(t)])
+                    self._copy_layer(i, t, s.host_blocks[:len(t)], to_host=True, kv=kv)
             self.boundary()
         if staging_tables is not None:
             self.ops.synchronize()

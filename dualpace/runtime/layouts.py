@@ -44,13 +44,29 @@ class HostKVLayout:
     def size(self) -> int:
         return 2 * self.num_layers * self.layer_bytes
 
-    def views(self, seg) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def views(self, seg, base: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per-layer K and V of the region at ``base`` (one region per CPU TP rank, each
+        holding that rank's KV heads: the pool is rank-sharded, §5)."""
         shape = (self.num_blocks, *self.block_shape)
         dt = DTYPES[self.dtype]
-        k = [seg.tensor(2 * i * self.layer_bytes, shape, dt) for i in range(self.num_layers)]
-        v = [seg.tensor((2 * i + 1) * self.layer_bytes, shape, dt)
-             for i in range(self.num_layers)]
+        lb = self.layer_bytes
+        k = [seg.tensor(base + 2 * i * lb, shape, dt) for i in range(self.num_layers)]
+        v = [seg.tensor(base + (2 * i + 1) * lb, shape, dt) for i in range(self.num_layers)]
         return k, v
+
+
+def head_ranges(num_kv_heads: int, gpu_tp: int, cpu_tp: int, gpu_rank: int
+                ) -> list[tuple[int, int, int, int, int]]:
+    """Where GPU rank ``gpu_rank``'s KV heads live in the rank-sharded host pool:
+    (cpu region, gpu-local first head, gpu-local end, region-local first head, region end)."""
+    hg, hc = num_kv_heads // gpu_tp, num_kv_heads // cpu_tp
+    out = []
+    lo, hi = gpu_rank * hg, (gpu_rank + 1) * hg
+    for c in range(cpu_tp):
+        a, b = max(lo, c * hc), min(hi, (c + 1) * hc)
+        if a < b:
+            out.append((c, a - lo, b - lo, a - c * hc, b - c * hc))
+    return out
 
 
 @dataclass(frozen=True)
@@ -94,7 +110,9 @@ class AssistLayout:
     hidden: int
     attn_dim: int  # the attention output width entering O projection (q heads x head_dim)
 
-    STATE, OP, LAYER, ROWS, SEQ = 0, 4, 8, 12, 16
+    # state word, request fields, then the tensor-parallel counters: CPU ranks arriving with
+    # their inputs / departing with the outputs, the call number and the last call done.
+    STATE, OP, LAYER, ROWS, CALL_SEQ, DONE_SEQ, ARRIVE, DEPART = 0, 4, 8, 12, 16, 20, 24, 28
 
     def _fields(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
         r = self.max_rows
@@ -129,3 +147,22 @@ class AssistLayout:
         offs = self.offsets()
         return {name: seg.tensor(base + offs[name], shape, dt)
                 for name, shape, dt in self._fields()}
+
+
+@dataclass(frozen=True)
+class TPControlLayout:
+    """GPU tensor-parallel control: rank 0 publishes, at every stage boundary (and when it
+    serves an assist while idle), whether the group joins a Dense Assist; the other ranks
+    follow the same sequence of decisions. [head u32] then ``slots`` x [seq, kind, join]."""
+
+    slots: int = 64
+    HEAD = 0
+    SLOT0 = ALIGN
+    SLOT_BYTES = 16
+
+    def slot(self, seq: int) -> int:
+        return self.SLOT0 + (seq % self.slots) * self.SLOT_BYTES
+
+    @property
+    def size(self) -> int:
+        return self.SLOT0 + self.slots * self.SLOT_BYTES

@@ -144,22 +144,25 @@ class WorkerSpec(msgspec.Struct, gc=False):
     """Everything a spawned worker needs to attach to its instance (JSON in its environment)."""
 
     kind: str  # "gpu" | "cpu"
-    rank: int
+    rank: int  # tensor-parallel rank within its group
+    tp_size: int
     parent_pid: int
     config: dict  # EngineConfig fields
     cores: list[int]
     control: str  # ZeroMQ endpoint of the supervisor
+    runtime_dir: str  # the instance's private directory (tensor-parallel rendezvous file)
     shm: dict[str, str]  # role -> segment name
     ring_in_offset: int
     ring_out_offset: int
     ring_capacity: int
+    num_workers: int  # wake words in the wake segment
     wake_index: int  # this worker's wake word
-    gpu_wake_index: int  # the GPU worker's wake word (CPU workers ring it for assists)
+    gpu_wake_index: int  # GPU rank 0's wake word (CPU ranks ring it for assists)
+    follower_wake_indices: list[int]  # GPU rank 0: the other GPU ranks' wake words
     eventfd: int  # worker -> engine doorbell
-    host_kv: dict  # HostKVLayout fields
+    host_kv: dict  # HostKVLayout fields of one CPU rank's region
+    num_host_regions: int  # = CPU tensor-parallel ranks
     assist: dict  # AssistLayout fields
-    assist_offset: int  # this rank's channel (CPU) / unused (GPU)
-    num_cpu_ranks: int
     gpu_pid: int = 0  # CPU workers: whose death to notice while waiting on an assist
 
 

@@ -30,9 +30,15 @@ from dualpace.kv.block_pool import blocks_for_tokens
 from dualpace.model.config import load_model_config
 from dualpace.runtime import protocol as P
 from dualpace.runtime.assist import AssistChannel
-from dualpace.runtime.client import WorkerClient, WorkerDied
-from dualpace.runtime.layouts import AssistLayout, HostKVLayout, RingLayout, WakeLayout
-from dualpace.runtime.placement import split_cores
+from dualpace.runtime.client import WorkerClient, WorkerDied, WorkerGroup
+from dualpace.runtime.layouts import (
+    AssistLayout,
+    HostKVLayout,
+    RingLayout,
+    TPControlLayout,
+    WakeLayout,
+)
+from dualpace.runtime.placement import split_among, split_cores
 from dualpace.runtime.ring import Ring
 from dualpace.runtime.shm import Instance, sweep_stale
 from dualpace.runtime.worker_main import SPEC_ENV
@@ -70,6 +76,8 @@ class Sizing:
             per_block = 2 * mc.num_layers * mc.num_kv_heads * bs * mc.head_dim * gpu_dtype.itemsize
             wanted = config.max_num_seqs * blocks_for_tokens(max_len, bs)
             gpu_blocks = max(1, min(wanted, _DEFAULT_GPU_KV_BYTES // per_block))
+        mc.shard(config.gpu_tp)  # divisibility of heads / MLP, with a clear error
+        mc.shard(config.cpu_tp)
         cpu_dtype = config.cpu_torch_dtype()
         per_host_block = 2 * mc.num_layers * mc.num_kv_heads * bs * mc.head_dim * cpu_dtype.itemsize
         host_blocks = int(config.cpu_kv_gib * (1 << 30)) // per_host_block
@@ -82,8 +90,8 @@ class Sizing:
                                            config.cpu_cores)
         return cls(
             config=resolved,
-            host_kv=HostKVLayout(mc.num_layers, host_blocks, mc.num_kv_heads, bs, mc.head_dim,
-                                 _dtype_name(cpu_dtype)),
+            host_kv=HostKVLayout(mc.num_layers, host_blocks, mc.num_kv_heads // config.cpu_tp,
+                                 bs, mc.head_dim, _dtype_name(cpu_dtype)),
             assist=AssistLayout(max_rows=config.max_num_seqs, hidden=mc.hidden_size,
                                 attn_dim=mc.q_size),
             ring=RingLayout(),
@@ -124,13 +132,11 @@ def _release(instance: Instance | None, children: list[_Child]) -> None:
 class Runtime:
     """One GPU worker and one CPU worker, their shared memory and their control sockets."""
 
-    NUM_CPU_RANKS = 1
-
     def __init__(self, config: EngineConfig):
         self.sizing = Sizing.resolve(config)
         self.config = self.sizing.config
-        self.gpu: WorkerClient | None = None
-        self.cpu: WorkerClient | None = None
+        self.gpu: WorkerGroup | None = None
+        self.cpu: WorkerGroup | None = None
         self.generation = 0  # bumps on every (re)start; the engine resets its state then
         self.restarts = 0
         self.dead = asyncio.Event()
@@ -158,17 +164,18 @@ class Runtime:
             raise
 
     async def _start_group(self) -> None:
-        s = self.sizing
+        s, cfg = self.sizing, self.config
         inst = self._instance = Instance()
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _release, inst, self._children)
-        n_workers = 1 + self.NUM_CPU_RANKS
-        wake_layout = WakeLayout(n_workers)
+        ranks = [("gpu", r) for r in range(cfg.gpu_tp)] + [("cpu", r) for r in range(cfg.cpu_tp)]
+        wake_layout = WakeLayout(len(ranks))
         segs = {
-            "host_kv": inst.create("host-kv", s.host_kv.size),
-            "rings": inst.create("rings", 2 * n_workers * s.ring.size),
+            "host_kv": inst.create("host-kv", cfg.cpu_tp * s.host_kv.size),
+            "rings": inst.create("rings", 2 * len(ranks) * s.ring.size),
             "wake": inst.create("wake", wake_layout.size),
-            "assist": inst.create("assist", self.NUM_CPU_RANKS * s.assist.size),
+            "assist": inst.create("assist", s.assist.size),
+            "tpctl": inst.create("tpctl", TPControlLayout().size),
         }
         self._segments = segs
         self._ctx = zmq.asyncio.Context()
@@ -177,47 +184,49 @@ class Runtime:
         endpoint = inst.ipc_endpoint("control")
         self._router.bind(endpoint)
         loop = asyncio.get_running_loop()
-        clients = []
+        gpu_cores = split_among(s.gpu_cores, cfg.gpu_tp)
+        cpu_cores = split_among(s.cpu_cores, cfg.cpu_tp)
+        clients: dict[str, list[WorkerClient]] = {"gpu": [], "cpu": []}
         gpu_pid = 0
-        for index, (kind, rank) in enumerate([("gpu", 0)] + [("cpu", r) for r in
-                                                             range(self.NUM_CPU_RANKS)]):
+        for index, (kind, rank) in enumerate(ranks):
             ring_in = 2 * index * s.ring.size
             ring_out = ring_in + s.ring.size
             efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            tp = cfg.gpu_tp if kind == "gpu" else cfg.cpu_tp
             spec = P.WorkerSpec(
-                kind=kind, rank=rank, parent_pid=os.getpid(),
-                config=dataclasses.asdict(self.config),
-                cores=s.gpu_cores if kind == "gpu" else s.cpu_cores,
-                control=endpoint, shm={k: v.name for k, v in segs.items()},
-                ring_in_offset=ring_in, ring_out_offset=ring_out,
-                ring_capacity=s.ring.capacity, wake_index=index, gpu_wake_index=0,
+                kind=kind, rank=rank, tp_size=tp, parent_pid=os.getpid(),
+                config=dataclasses.asdict(cfg),
+                cores=(gpu_cores if kind == "gpu" else cpu_cores)[rank],
+                control=endpoint, runtime_dir=str(inst.runtime_dir),
+                shm={k: v.name for k, v in segs.items()},
+                ring_in_offset=ring_in, ring_out_offset=ring_out, ring_capacity=s.ring.capacity,
+                num_workers=len(ranks), wake_index=index, gpu_wake_index=0,
+                follower_wake_indices=list(range(1, cfg.gpu_tp)) if index == 0 else [],
                 eventfd=efd, host_kv=dataclasses.asdict(s.host_kv),
-                assist=dataclasses.asdict(s.assist),
-                assist_offset=rank * s.assist.size, num_cpu_ranks=self.NUM_CPU_RANKS,
+                num_host_regions=cfg.cpu_tp, assist=dataclasses.asdict(s.assist),
                 gpu_pid=gpu_pid,
             )
             proc = self._spawn(spec, efd)
-            if kind == "gpu":
+            if index == 0:
                 gpu_pid = proc.pid
-            child = _Child(kind, rank, proc, os.pidfd_open(proc.pid), efd)
-            self._children.append(child)
+            self._children.append(_Child(kind, rank, proc, os.pidfd_open(proc.pid), efd))
             client = WorkerClient(
                 kind, rank,
                 Ring(segs["rings"].buf, ring_in, s.ring),
                 Ring(segs["rings"].buf, ring_out, s.ring),
                 FutexWord(segs["wake"].buf, wake_layout.offset(index)), efd)
             client.pid = proc.pid
-            clients.append(client)
-        self.gpu, self.cpu = clients[0], clients[1]
+            clients[kind].append(client)
+        self.gpu, self.cpu = WorkerGroup(clients["gpu"]), WorkerGroup(clients["cpu"])
         self._reader_task = asyncio.create_task(self._read_control())
         await self._await_hellos()
-        for c in clients:
-            c.attach(loop)
+        self.gpu.attach(loop)
+        self.cpu.attach(loop)
         for child in self._children:
             loop.add_reader(child.pidfd, self._on_death, child)
         self.generation += 1
-        log.info("runtime up: gpu worker pid %d on cores %s, cpu worker pid %d on cores %s",
-                 self.gpu.pid, s.gpu_cores, self.cpu.pid, s.cpu_cores)
+        log.info("runtime up: gpu workers %s on cores %s, cpu workers %s on cores %s",
+                 self.gpu.pids, gpu_cores, self.cpu.pids, cpu_cores)
 
     def _spawn(self, spec: P.WorkerSpec, efd: int) -> subprocess.Popen:
         env = dict(os.environ)
@@ -225,6 +234,7 @@ class Runtime:
         # Each worker sizes its own thread pools to its pinned cores.
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             env[var] = str(len(spec.cores))
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # TP ranks are local processes
         return subprocess.Popen([sys.executable, "-m", "dualpace.runtime.worker_main"],
                                 env=env, pass_fds=(efd,), stdin=subprocess.DEVNULL)
 
@@ -346,13 +356,13 @@ class Runtime:
     async def stats(self) -> list[P.Stats]:
         return [await self._ask(c.kind, c.rank, P.StatsRequest()) for c in self._children]
 
-    def assist_channel(self, rank: int = 0) -> AssistChannel:
-        """An extra handle on CPU rank ``rank``'s Dense Assist exchange, for the profiler and
-        benchmarks, which stand in for that CPU worker (it must be idle meanwhile)."""
-        s = self.sizing
+    def assist_channel(self) -> AssistChannel:
+        """An extra handle on the Dense Assist exchange, for the profiler and benchmarks,
+        which stand in for the CPU worker group (it must be idle meanwhile)."""
         segs = self._segments
-        wake = FutexWord(segs["wake"].buf, WakeLayout(1 + self.NUM_CPU_RANKS).offset(0))
-        return AssistChannel(segs["assist"], s.assist, rank * s.assist.size, wake)
+        n = self.config.gpu_tp + self.config.cpu_tp
+        wake = FutexWord(segs["wake"].buf, WakeLayout(n).offset(0))
+        return AssistChannel(segs["assist"], self.sizing.assist, 0, wake)
 
     def worker_pids(self) -> dict[str, int]:
         return {f"{c.kind}{c.rank}": c.proc.pid for c in self._children}

@@ -8,6 +8,7 @@ Ping/Stats/Shutdown; the main thread runs the data-plane loop.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import signal
@@ -23,16 +24,25 @@ from dualpace.kernels.futex import FutexWord
 from dualpace.kv.cache import KVCache
 from dualpace.model.config import load_model_config
 from dualpace.model.stages import StagedModel
-from dualpace.model.weights import load_weights
+from dualpace.model.weights import Shard, load_weights
 from dualpace.runtime import protocol as P
 from dualpace.runtime.assist import AssistChannel, pid_alive
 from dualpace.runtime.cpu_worker import CpuWorker, HostKV
 from dualpace.runtime.gpu_worker import GpuWorker, StagingKV
-from dualpace.runtime.layouts import DTYPES, AssistLayout, HostKVLayout, RingLayout, WakeLayout
+from dualpace.runtime.layouts import (
+    DTYPES,
+    AssistLayout,
+    HostKVLayout,
+    RingLayout,
+    TPControlLayout,
+    WakeLayout,
+    head_ranges,
+)
 from dualpace.runtime.placement import die_with_parent, pin_current_process
 from dualpace.runtime.ring import Ring
 from dualpace.runtime.routing import assist_reachable
 from dualpace.runtime.shm import Segment
+from dualpace.runtime.tp_control import DecisionLog
 
 SPEC_ENV = "DUALPACE_WORKER_SPEC"
 IDLE_SPIN = 4000  # pause iterations (~0.1 ms) before an idle worker sleeps (assist latency)
@@ -46,40 +56,75 @@ class WorkerProcess:
         self.stop = False
         seg = {role: Segment.attach(name) for role, name in spec.shm.items()}
         self.segments = seg
-        wake_layout = WakeLayout(num_workers=1 + spec.num_cpu_ranks)
-        self.wake = FutexWord(seg["wake"].buf, wake_layout.offset(spec.wake_index))
-        gpu_wake = FutexWord(seg["wake"].buf, wake_layout.offset(spec.gpu_wake_index))
+        wake_layout = WakeLayout(num_workers=spec.num_workers)
+
+        def wake(i: int) -> FutexWord:
+            return FutexWord(seg["wake"].buf, wake_layout.offset(i))
+
+        self.wake = wake(spec.wake_index)
         ring_layout = RingLayout(capacity=spec.ring_capacity)
         self.ring_in = Ring(seg["rings"].buf, spec.ring_in_offset, ring_layout)
         self.ring_out = Ring(seg["rings"].buf, spec.ring_out_offset, ring_layout)
         host = HostKVLayout(**spec.host_kv)
-        host_k, host_v = host.views(seg["host_kv"])
-        alayout = AssistLayout(**spec.assist)
-        channels = [AssistChannel(seg["assist"], alayout, r * alayout.size, gpu_wake)
-                    for r in range(spec.num_cpu_ranks)]
-        self.worker = self._build(host, host_k, host_v, channels)
+        regions = [host.views(seg["host_kv"], c * host.size)
+                   for c in range(spec.num_host_regions)]
+        channel = AssistChannel(seg["assist"], AssistLayout(**spec.assist), 0,
+                                wake(spec.gpu_wake_index))
+        decisions = None
+        if spec.kind == "gpu" and spec.tp_size > 1:
+            decisions = DecisionLog(seg["tpctl"].buf, 0, TPControlLayout(),
+                                    [wake(i) for i in spec.follower_wake_indices])
+        self.worker = self._build(host, regions, channel, decisions)
 
-    def _build(self, host: HostKVLayout, host_k, host_v, channels):
+    def _all_reduce(self, device: torch.device):
+        """The tensor-parallel group's sum (torch.distributed: NCCL on CUDA, else Gloo)."""
+        spec = self.spec
+        if spec.tp_size == 1:
+            return None
+        import torch.distributed as dist
+
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(
+            backend, init_method=f"file://{spec.runtime_dir}/tp-{spec.kind}.store",
+            rank=spec.rank, world_size=spec.tp_size,
+            timeout=datetime.timedelta(seconds=self.config.startup_timeout))
+
+        def all_reduce(t: torch.Tensor) -> torch.Tensor:
+            dist.all_reduce(t)
+            return t
+
+        return all_reduce
+
+    def _build(self, host: HostKVLayout, regions, channel, decisions):
         cfg, spec = self.config, self.spec
-        mc = load_model_config(cfg.model)
-        max_len = cfg.max_model_len or mc.max_position_embeddings
+        full = load_model_config(cfg.model)
+        local = full.shard(spec.tp_size)
+        shard = Shard(spec.rank, spec.tp_size)
+        max_len = cfg.max_model_len or full.max_position_embeddings
         p, f = cfg.thresholds()
         if spec.kind == "gpu":
             device = cfg.torch_device()
+            if device.type == "cuda" and spec.tp_size > 1:
+                device = torch.device("cuda", spec.rank)
             dtype = cfg.torch_dtype(device)
-            model = StagedModel(mc, load_weights(cfg.model, mc, dtype, device), max_len)
-            kv = KVCache(mc.num_layers, cfg.gpu_kv_blocks, mc.num_kv_heads, cfg.block_size,
-                         mc.head_dim, dtype, device)
+            model = StagedModel(local, load_weights(cfg.model, full, dtype, device, shard),
+                                max_len, all_reduce=self._all_reduce(device))
+            kv = KVCache(local.num_layers, cfg.gpu_kv_blocks, local.num_kv_heads,
+                         cfg.block_size, local.head_dim, dtype, device)
             staging_blocks = -(-cfg.max_num_batched_tokens // cfg.block_size)
-            staging = StagingKV(mc.num_layers, staging_blocks, mc.num_kv_heads, cfg.block_size,
-                                mc.head_dim, dtype, device)
+            staging = StagingKV(local.num_layers, staging_blocks, local.num_kv_heads,
+                                cfg.block_size, local.head_dim, dtype, device)
+            heads = head_ranges(full.num_kv_heads, spec.tp_size, spec.num_host_regions,
+                                spec.rank)
             reachable = assist_reachable(cfg.max_num_seqs, p, f)
-            return GpuWorker(model, kv, staging, host_k, host_v, channels, reachable)
+            return GpuWorker(model, kv, staging, regions, heads, channel, reachable,
+                             spec.rank, spec.tp_size, decisions)
         dtype = DTYPES[host.dtype]
-        model = StagedModel(mc, load_weights(cfg.model, mc, dtype, "cpu"), max_len)
-        return CpuWorker(model, HostKV(host_k, host_v, cfg.block_size),
-                         channels[spec.rank] if channels else None, (p, f),
-                         pid_alive(spec.gpu_pid))
+        model = StagedModel(local, load_weights(cfg.model, full, dtype, "cpu", shard), max_len,
+                            all_reduce=self._all_reduce(torch.device("cpu")))
+        k, v = regions[spec.rank]
+        return CpuWorker(model, HostKV(k, v, cfg.block_size), channel, (p, f),
+                         pid_alive(spec.gpu_pid), spec.rank, spec.tp_size)
 
     # --- data plane -------------------------------------------------------------------------
     def handle(self, raw: bytes) -> None:

@@ -28,12 +28,16 @@ def _shm() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if n.startswith("dualpace-")}
 
 
-def run_with_runtime(path, thresholds: str, body):
+TP = [pytest.param((1, 1), id="tp1"), pytest.param((2, 2), id="gpu_tp2-cpu_tp2")]
+
+
+def run_with_runtime(path, thresholds: str, body, tp=(1, 1)):
     before = _shm()
 
     async def main():
         cfg = EngineConfig(model=str(path), gpu_device="cpu", gpu_kv_blocks=48,
-                           cpu_kv_gib=0.02, max_num_seqs=8, assist_thresholds=thresholds)
+                           cpu_kv_gib=0.02, max_num_seqs=8, assist_thresholds=thresholds,
+                           gpu_tp=tp[0], cpu_tp=tp[1])
         rt = Runtime(cfg)
         await rt.start()
         try:
@@ -46,7 +50,9 @@ def run_with_runtime(path, thresholds: str, body):
     return out
 
 
-def test_gpu_decode_swap_out_cpu_decode_swap_in(llama_checkpoint):
+@pytest.mark.parametrize("tp", [*TP, pytest.param((1, 2), id="gpu_tp1-cpu_tp2"),
+                                pytest.param((2, 1), id="gpu_tp2-cpu_tp1")])
+def test_gpu_decode_swap_out_cpu_decode_swap_in(llama_checkpoint, tp):
     path, hf = llama_checkpoint
     prompts = _prompts(11)
 
@@ -67,15 +73,16 @@ def test_gpu_decode_swap_out_cpu_decode_swap_in(llama_checkpoint):
         assert d.gpu_pool.num_used == 0 and d.host_pool.num_used == 0
         return [r.out for r in reqs]
 
-    outs = run_with_runtime(path, "", body)
+    outs = run_with_runtime(path, "", body, tp)
     for p, out in zip(prompts, outs):
         assert out == hf_greedy(hf, p, len(out))
 
 
+@pytest.mark.parametrize("tp", TP)
 @pytest.mark.parametrize("thresholds,route", [
     ("0,0", FULL_CPU), ("8,0", SPLIT_FINAL), ("1,0", FUSED_ASSIST),
 ])
-def test_prefill_to_cpu_then_each_route(llama_checkpoint, thresholds, route):
+def test_prefill_to_cpu_then_each_route(llama_checkpoint, thresholds, route, tp):
     """(c) Prefill-to-CPU (layer-wise staging copies), CPU decode forced onto each route."""
     path, hf = llama_checkpoint
     prompts = _prompts(23)
@@ -89,11 +96,11 @@ def test_prefill_to_cpu_then_each_route(llama_checkpoint, thresholds, route):
         for _ in range(2):
             await d.gpu_step(reqs[:1])
             await d.cpu_step(reqs[1:])
-        stats = {s.kind: s for s in await rt.stats()}
+        stats = {s.kind: s for s in await rt.stats() if s.rank == 0}
         d.release(reqs)
         return [r.out for r in reqs], d, stats
 
-    outs, d, stats = run_with_runtime(path, thresholds, body)
+    outs, d, stats = run_with_runtime(path, thresholds, body, tp)
     for p, out in zip(prompts, outs):
         assert out == hf_greedy(hf, p, len(out))
     assert set(d.routes) == {route}
