@@ -19,7 +19,7 @@ from dualpace.model.stages import StagedModel
 from dualpace.runtime.assist import AssistChannel
 from dualpace.runtime.layouts import OP_POST_ATTN, OP_POST_ATTN_FINAL, OP_POST_LAYER
 from dualpace.runtime.protocol import CpuBatch, StepDone
-from dualpace.runtime.routing import FULL_CPU, FUSED_ASSIST, SPLIT_FINAL, route_for
+from dualpace.runtime.routing import FULL_CPU, FUSED_ASSIST, ROUTES, SPLIT_FINAL, route_for
 from dualpace.runtime.worker_state import RequestTable
 from dualpace.sampling.sampler import sample
 
@@ -64,7 +64,11 @@ class CpuWorker:
         self.requests.apply_blocks(msg.seqs)
         fb = self.requests.forward_batch(msg.seqs, self.kv.block_size, m.device)
         rows = self.requests.sampling_rows(msg.seqs)
-        route = self.route(len(msg.seqs))
+        route = msg.route or self.route(len(msg.seqs))
+        if route not in ROUTES:
+            raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
+        if route != FULL_CPU and self.assist is None:
+            raise ValueError(f"route {route!r} needs a Dense Assist channel")
         calls = 0
         n = m.cfg.num_layers
         hidden = m.pre_layer(fb.input_ids)

@@ -74,8 +74,12 @@ class GpuBatch(_Msg, tag=2):
 
 
 class CpuBatch(_Msg, tag=3):
+    """route: force a post-attention route for this batch ("" = by the thresholds, Eq. 5);
+    the gated (NEO-style) baseline forces fused-assist: attention on CPU, dense on GPU."""
+
     step_id: int
     seqs: list[SeqStep] = []
+    route: str = ""
 
 
 class Release(_Msg, tag=4):

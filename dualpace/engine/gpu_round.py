@@ -1,0 +1,295 @@
+"""One GPU engine scheduling round: Appendix A.1 steps 1-7, each a function; the round is
+their sequence. Torch-free: it decides and commits blocks/ownership, it does not execute.
+
+Policies share the steps: ``dualpace`` uses them all; ``gpu-only`` (vLLM-style) has no host
+tier and recompute-preempts the newest request; ``gated`` (NEO-style) admits prompts only to
+the GPU tier's decision rules and lets the GPU loop add CPU-resident decodes (gated.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dualpace.engine.request import EngineRequest, Owner, Phase
+from dualpace.engine.state import SchedulerState
+from dualpace.kv.block_pool import blocks_for_tokens
+
+
+@dataclass
+class Move:
+    req: EngineRequest
+    src: list[int]
+    dst: list[int]
+    num_tokens: int
+
+
+@dataclass
+class GpuPlan:
+    decodes: list[EngineRequest] = field(default_factory=list)
+    prefills: list[tuple[EngineRequest, int]] = field(default_factory=list)  # (req, tokens)
+    to_cpu: list[EngineRequest] = field(default_factory=list)  # Prefill-to-CPU
+    swap_out: list[Move] = field(default_factory=list)
+    swap_in: list[Move] = field(default_factory=list)
+    preempted: list[EngineRequest] = field(default_factory=list)  # gpu-only recompute
+
+    @property
+    def empty(self) -> bool:
+        return not (self.decodes or self.prefills or self.to_cpu or self.swap_out
+                    or self.swap_in)
+
+    @property
+    def rows(self) -> int:
+        return len(self.decodes) + len(self.prefills) + len(self.to_cpu)
+
+
+@dataclass
+class _Budget:
+    free: int  # GPU blocks
+    tokens: int
+    rows: int
+    peak: int  # finish-peak blocks of the planned GPU population
+
+
+def _gpu_population(st: SchedulerState, plan: GpuPlan) -> list[EngineRequest]:
+    evicted = {m.req.rid for m in plan.swap_out}
+    pop = [r for r in st.gpu_running if r.rid not in evicted]
+    pop += [r for r, _ in plan.prefills if r not in pop] + [m.req for m in plan.swap_in]
+    pop += [r for r in st.cpu_running if r.swap_in_mark]
+    return pop
+
+
+# --- step 1 ---------------------------------------------------------------------------------
+def step1_transfer_frontier(st: SchedulerState) -> None:
+    """Completed transfers were retired when their step returned (the GPU worker drains each
+    step's copy group before replying), so staging is never reused while copies run. Here:
+    drop finished requests from the GPU queues."""
+    st.gpu_running = [r for r in st.gpu_running if not r.finished]
+    while st.gpu_waiting and st.gpu_waiting[0].finished:
+        st.gpu_waiting.popleft()
+
+
+# --- step 2 ---------------------------------------------------------------------------------
+def step2_next_token_feasibility(st: SchedulerState, plan: GpuPlan, b: _Budget) -> bool:
+    """Make room for every GPU decode's next token, evicting from the priority tail to the
+    host (skipping victims the host cannot take). Returns False for a migration-only round."""
+    decodes = [r for r in st.gpu_running if r.phase is Phase.DECODE]
+    need = sum(r.blocks_for_next() for r in decodes)
+    if need <= b.free:
+        plan.decodes = decodes
+        return True
+    if st.policy == "gpu-only":
+        return _recompute_preempt(st, plan, b, decodes)
+    deficit = need - b.free
+    host_planned = 0
+    for r in reversed(decodes):
+        if deficit <= 0:
+            break
+        n = blocks_for_tokens(r.num_tokens - 1, st.host_pool.block_size)
+        # Evictions may use the migration reserve: that is what it was kept for.
+        if st.host_fits(planned=host_planned + n, migration=0):
+            plan.swap_out.append(Move(r, list(r.blocks), [], r.num_tokens - 1))
+            host_planned += n
+            deficit -= len(r.blocks) + r.blocks_for_next()
+    victims = {m.req.rid for m in plan.swap_out}
+    remaining = [r for r in decodes if r.rid not in victims]
+    if not plan.swap_out:  # nothing can move: run the decodes that fit
+        for r in remaining:
+            if r.blocks_for_next() <= b.free:
+                b.free -= r.blocks_for_next()
+                plan.decodes.append(r)
+        return True
+    if deficit > 0:  # partial relief: migrate now, re-evaluate after the transfers
+        return False
+    plan.decodes = remaining
+    b.free += sum(len(m.req.blocks) for m in plan.swap_out)
+    return True
+
+
+def _recompute_preempt(st, plan, b, decodes) -> bool:
+    """vLLM-style: free the newest requests' KV and recompute them later."""
+    while decodes and sum(r.blocks_for_next() for r in decodes) > b.free:
+        victim = decodes.pop()
+        plan.preempted.append(victim)
+        b.free += len(victim.blocks)
+    plan.decodes = decodes
+    return True
+
+
+# --- step 3 ---------------------------------------------------------------------------------
+def step3_migration_reserve(st: SchedulerState, plan: GpuPlan) -> None:
+    """Publish B_C^migration (Eq. 4) for the GPU ownership queue after current decisions."""
+    if st.policy == "gpu-only":
+        st.migration_reserve = 0
+        return
+    st.migration_reserve = st.migration_reserve_for(_gpu_population(st, plan))
+
+
+# --- steps 4 and 6: swap-in ------------------------------------------------------------------
+def _swap_in_prefix(st: SchedulerState, plan: GpuPlan, b: _Budget) -> None:
+    """Swap in a ready FIFO prefix of the CPU waiting queue while each request fits both the
+    next-token HBM budget and, by finish-peak, HBM through completion (migration
+    minimisation: it will not have to move again)."""
+    taken = {m.req.rid for m in plan.swap_in}
+    for r in list(st.cpu_waiting):
+        if r.rid in taken or r.finished:
+            continue
+        if not r.ready or r.in_flight or b.rows < 1 or b.tokens < 1:
+            break
+        need = blocks_for_tokens(r.num_tokens, st.gpu_pool.block_size)
+        if need > b.free or b.peak + r.peak_blocks > st.gpu_pool.num_blocks:
+            break
+        plan.swap_in.append(Move(r, list(r.blocks), [], r.num_tokens - 1))
+        b.free -= need
+        b.peak += r.peak_blocks
+        b.rows -= 1
+        b.tokens -= 1
+
+
+def step4_admit_decodes_and_early_swap_in(st: SchedulerState, plan: GpuPlan, b: _Budget) -> None:
+    b.rows -= len(plan.decodes)
+    b.tokens -= len(plan.decodes)
+    b.free -= sum(r.blocks_for_next() for r in plan.decodes)
+    cpu_full = len(st.cpu_running) >= st.limits.cpu_batch_limit
+    if st.policy != "gpu-only" and cpu_full and st.cpu_waiting and not plan.swap_out:
+        _swap_in_prefix(st, plan, b)
+
+
+# --- step 5 ---------------------------------------------------------------------------------
+def step5_admit_prefills(st: SchedulerState, plan: GpuPlan, b: _Budget) -> None:
+    """FIFO prompt admission: chunks of prompts already prefilling first, then new prompts,
+    each Prefill-to-GPU when its persistent KV fits HBM, else Prefill-to-CPU; once one goes
+    to the CPU tier the rest of the round follows it (no smaller prompt jumps the queue)."""
+    for r in st.gpu_running:
+        if r.phase is Phase.PREFILL and b.tokens > 0 and b.rows > 0:
+            n = min(r.num_tokens - r.computed, b.tokens)
+            plan.prefills.append((r, n))
+            b.tokens -= n
+            b.rows -= 1
+    to_cpu_mode = False
+    host_planned = 0
+    staging = st.limits.gpu_token_limit
+    for r in st.gpu_waiting:
+        if r.finished:
+            continue
+        total = r.num_tokens  # prompt, or prompt + outputs when recomputing
+        if b.rows < 1 or b.tokens < 1:
+            break
+        need = blocks_for_tokens(total, st.gpu_pool.block_size)
+        if not to_cpu_mode and need <= b.free and len(st.gpu_running) + b_new(plan) < (
+                st.limits.max_num_seqs):
+            reserve = st.migration_reserve_for([*_gpu_population(st, plan), r])
+            if st.policy == "gpu-only" or st.host_fits(migration=reserve):
+                n = min(total, b.tokens)
+                plan.prefills.append((r, n))
+                b.free -= need
+                b.tokens -= n
+                b.rows -= 1
+                b.peak += r.peak_blocks
+                continue
+        if st.policy == "gpu-only":
+            break
+        cpu_owned = len(st.cpu_running) + len(st.cpu_waiting) + len(plan.to_cpu)
+        if total > b.tokens or total > staging or cpu_owned >= st.limits.max_num_seqs:
+            break
+        n_host = blocks_for_tokens(total, st.host_pool.block_size)
+        if not st.host_fits(planned=host_planned + n_host):
+            break
+        plan.to_cpu.append(r)
+        to_cpu_mode = True
+        host_planned += n_host
+        b.tokens -= total
+        b.rows -= 1
+
+
+def b_new(plan: GpuPlan) -> int:
+    return sum(1 for r, _ in plan.prefills if r.phase is Phase.WAITING)
+
+
+# --- step 6 ---------------------------------------------------------------------------------
+def step6_residual_swap_in(st: SchedulerState, plan: GpuPlan, b: _Budget,
+                           cpu_waiting_was_empty: bool) -> None:
+    if st.policy == "gpu-only" or plan.swap_out:
+        return
+    _swap_in_prefix(st, plan, b)
+    if not cpu_waiting_was_empty or st.policy != "dualpace":
+        return  # marks are yielded by the CPU engine's own rounds: dualpace only
+    for r in st.cpu_running:  # deferred swap-in marks: reserve now, move at a CPU boundary
+        if r.swap_in_mark or r.finished:
+            continue
+        need = blocks_for_tokens(r.num_tokens + 1, st.gpu_pool.block_size)
+        if b.rows < 1 or need > b.free or b.peak + r.peak_blocks > st.gpu_pool.num_blocks:
+            break
+        r.swap_in_mark = True
+        b.free -= need
+        b.peak += r.peak_blocks
+        b.rows -= 1
+
+
+# --- step 7 ---------------------------------------------------------------------------------
+def step7_commit(st: SchedulerState, plan: GpuPlan) -> None:
+    """Materialise every decision: allocate destinations before releasing sources, move
+    ownership, queue Prefill-to-CPU requests unready at the CPU waiting frontier."""
+    for m in plan.swap_out:
+        r = m.req
+        m.dst = st.host_pool.allocate(blocks_for_tokens(m.num_tokens, st.host_pool.block_size))
+        st.gpu_running.remove(r)
+        # Only the GPU worker touches GPU blocks and it copies them out before this step's
+        # forward writes any KV, so they can serve other requests in the same step.
+        st.gpu_pool.free(r.blocks)
+        r.blocks = list(m.dst)  # the descriptor keeps m.dst as sent
+        r.owner, r.ready, r.known["cpu"] = Owner.CPU, False, -1
+        st.cpu_waiting.append(r)
+    for r in plan.preempted:
+        st.gpu_running.remove(r)
+        st.gpu_pool.free(r.blocks)
+        r.blocks, r.computed, r.phase = [], 0, Phase.WAITING
+        r.known["gpu"] = -1
+        r.preemptions += 1
+        st.gpu_waiting.appendleft(r)
+    for m in plan.swap_in:
+        r = m.req
+        m.dst = st.gpu_pool.allocate(blocks_for_tokens(m.num_tokens, st.gpu_pool.block_size))
+        st.cpu_waiting.remove(r)
+        # The CPU loop may allocate host blocks while this step copies them: free the
+        # source only when the step has returned.
+        r.pending_free, r.blocks = r.blocks, list(m.dst)
+        r.owner, r.swap_in_mark = Owner.GPU, False
+        r.known["gpu"] = len(r.blocks)  # the swap-in hands the worker the whole table
+        st.gpu_running.append(r)
+        plan.decodes.append(r)
+    for r in plan.decodes:
+        r.blocks += st.gpu_pool.allocate(r.blocks_for_next())
+    for r, _ in plan.prefills:
+        if r.phase is Phase.WAITING:
+            st.gpu_waiting.remove(r)
+            r.blocks = st.gpu_pool.allocate(blocks_for_tokens(r.num_tokens,
+                                                              st.gpu_pool.block_size))
+            r.phase = Phase.PREFILL
+            st.gpu_running.append(r)
+    for r in plan.to_cpu:
+        st.gpu_waiting.remove(r)
+        r.blocks = st.host_pool.allocate(blocks_for_tokens(r.num_tokens,
+                                                           st.host_pool.block_size))
+        r.owner, r.ready, r.phase, r.known["cpu"] = Owner.CPU, False, Phase.DECODE, -1
+        st.cpu_waiting.append(r)
+
+
+def gpu_round(st: SchedulerState) -> GpuPlan:
+    plan = GpuPlan()
+    step1_transfer_frontier(st)
+    population_peak = sum(r.peak_blocks for r in st.gpu_running)
+    b = _Budget(free=st.gpu_pool.num_free, tokens=st.limits.gpu_token_limit,
+                rows=st.limits.max_num_seqs, peak=population_peak)
+    cpu_waiting_was_empty = not st.cpu_waiting
+    if not step2_next_token_feasibility(st, plan, b):
+        plan.decodes = []  # a migration-only round
+        step3_migration_reserve(st, plan)
+        step7_commit(st, plan)
+        return plan
+    step3_migration_reserve(st, plan)
+    step4_admit_decodes_and_early_swap_in(st, plan, b)
+    step5_admit_prefills(st, plan, b)
+    step6_residual_swap_in(st, plan, b, cpu_waiting_was_empty)
+    step3_migration_reserve(st, plan)  # republish after the final decisions
+    step7_commit(st, plan)
+    return plan

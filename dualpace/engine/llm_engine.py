@@ -1,0 +1,415 @@
+"""LLMEngine: the request table, the GPU-engine loop, the CPU-engine loop and the completion
+loop, on one asyncio loop (paper §4.1, §5 "Asynchronous runtime"; Appendix A).
+
+Each engine loop repeats: schedule one round -> commit its KV and ownership changes ->
+submit one batch -> await the result -> apply it. The two loops share no iteration barrier:
+they meet only in the scheduling state (ownership, readiness, the host-KV obligations).
+
+Policies: ``dualpace`` runs both loops; ``gpu-only`` (vLLM-style) runs the GPU loop with no
+host tier; ``gated`` (NEO-style) has no CPU clock: CPU-resident decodes advance only inside
+GPU iterations whose overlap condition (Eq. 1) holds, attention on the CPU worker and dense
+stages on the GPU worker (the fused-assist route).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import time
+
+from dualpace.engine import batches
+from dualpace.engine.cost_model import OverlapModel
+from dualpace.engine.cpu_round import cpu_round
+from dualpace.engine.gpu_round import GpuPlan, gpu_round
+from dualpace.engine.metrics import Metrics
+from dualpace.engine.outputs import RequestStream, TokenEvent
+from dualpace.engine.request import EngineRequest, Owner, Phase
+from dualpace.engine.state import Limits, SchedulerState
+from dualpace.kv.block_pool import BlockPool, blocks_for_tokens
+from dualpace.runtime import protocol as P
+from dualpace.runtime.routing import FUSED_ASSIST
+from dualpace.sampling.params import SamplingParams
+from dualpace.tokenizer.detokenizer import IncrementalDetokenizer
+
+log = logging.getLogger("dualpace.engine")
+
+
+class EngineDead(RuntimeError):
+    """The engine cannot serve (its workers failed past the restart bound, or it stopped)."""
+
+
+def context_length_error(max_model_len: int, prompt_len: int, max_tokens: int) -> str:
+    """vLLM's wording for a request that does not fit the model length."""
+    return (
+        f"This model's maximum context length is {max_model_len} tokens. However, you "
+        f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the messages, "
+        f"{max_tokens} in the completion). Please reduce the length of the messages or "
+        "completion."
+    )
+
+
+class LLMEngine:
+    def __init__(self, workers, *, gpu_blocks: int, host_blocks: int, block_size: int,
+                 limits: Limits, policy: str, vocab_size: int, eos_ids: tuple[int, ...],
+                 tokenizer=None, on_round=None):
+        """``workers`` has ``.gpu`` and ``.cpu`` worker groups (``send``, ``step``): the
+        runtime's, or fakes in scheduler tests. ``on_round(engine, kind, plan)`` is a test
+        hook called after every committed round."""
+        self.workers = workers
+        self.state = SchedulerState(BlockPool(gpu_blocks, block_size),
+                                    BlockPool(host_blocks, block_size), limits, policy)
+        self.block_size = block_size
+        self.vocab_size = vocab_size
+        self.eos_ids = eos_ids
+        self.tokenizer = tokenizer
+        self.on_round = on_round
+        self.metrics = Metrics()
+        self.requests: dict[int, EngineRequest] = {}
+        self.streams: dict[int, RequestStream] = {}
+        self.trace: list[tuple[float, str, int]] | None = None  # (time, engine, rid) per token
+        self.overlap = OverlapModel()
+        self._ids = itertools.count(1)
+        self._steps = itertools.count(1)
+        self._rng = random.Random()
+        self._events: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self._gpu_wake = asyncio.Event()
+        self._cpu_wake = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self.dead: str | None = None
+        self.draining = False
+        self.metrics.set("dualpace:kv_blocks_total", gpu_blocks, tier="gpu")
+        self.metrics.set("dualpace:kv_blocks_total", 0 if policy == "gpu-only" else host_blocks,
+                         tier="cpu")
+
+    # --- life cycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        loops = [self._gpu_loop() if self.state.policy != "gated" else self._gated_loop(),
+                 self._completion_loop()]
+        if self.state.policy == "dualpace":
+            loops.append(self._cpu_loop())
+        self._tasks = [asyncio.create_task(c) for c in loops]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        for r in list(self.requests.values()):
+            self._finish(r, "abort", error="server shutting down")
+        self._flush_events()
+
+    def fail_all(self, error: str) -> None:
+        """Every live request fails with ``error`` (a worker died: their KV is gone)."""
+        for r in list(self.requests.values()):
+            r.in_flight = None
+            self._finish(r, "abort", error=error, release=False)
+        st = self.state
+        st.gpu_pool = BlockPool(st.gpu_pool.num_blocks, st.gpu_pool.block_size)
+        st.host_pool = BlockPool(st.host_pool.num_blocks, st.host_pool.block_size)
+        self._wake()
+
+    def mark_dead(self, reason: str) -> None:
+        self.dead = reason
+        self.fail_all(reason)
+
+    # --- requests ---------------------------------------------------------------------------
+    def add_request(self, prompt_ids: list[int], params: SamplingParams,
+                    max_model_len: int) -> RequestStream:
+        if self.dead:
+            raise EngineDead(self.dead)
+        if not prompt_ids:
+            raise ValueError("prompt: must not be empty")
+        bad = next((t for t in prompt_ids if not (0 <= t < self.vocab_size)), None)
+        if bad is not None:
+            raise ValueError(f"prompt: token id {bad} is out of vocabulary "
+                             f"(size {self.vocab_size})")
+        room = max_model_len - len(prompt_ids)
+        if room < 1 or (params.max_tokens is not None and params.max_tokens > room):
+            raise ValueError(context_length_error(max_model_len, len(prompt_ids),
+                                                  params.max_tokens or 1))
+        max_tokens = room if params.max_tokens is None else params.max_tokens
+        peak = blocks_for_tokens(len(prompt_ids) + max_tokens, self.block_size)
+        cap = self.state.gpu_pool.num_blocks
+        if self.state.policy != "gpu-only":
+            cap = max(cap, self.state.host_pool.num_blocks)
+        if peak > cap:
+            raise ValueError(f"request needs up to {peak} KV blocks; the largest KV pool has "
+                             f"{cap}")
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        r = EngineRequest(next(self._ids), list(prompt_ids), params, seed, max_tokens,
+                          self.block_size)
+        self.requests[r.rid] = r
+        detok = (IncrementalDetokenizer(self.tokenizer, prompt_ids)
+                 if self.tokenizer is not None else None)
+        stream = RequestStream(r.rid, params, detok, len(prompt_ids))
+        self.streams[r.rid] = stream
+        self.state.gpu_waiting.append(r)
+        self._gpu_wake.set()
+        return stream
+
+    def abort(self, rid: int, reason: str = "abort") -> None:
+        """Finish a request in any state; a request inside a submitted step finishes when
+        that step returns, so each of its blocks is freed exactly once."""
+        r = self.requests.get(rid)
+        if r is None or r.finished:
+            return
+        if r.in_flight:
+            r.abort_requested = r.abort_requested or reason
+            return
+        self._finish(r, reason)
+
+    # --- the GPU engine -----------------------------------------------------------------------
+    async def _gpu_loop(self) -> None:
+        while True:
+            plan = gpu_round(self.state)
+            self._after_round("gpu", plan)
+            if plan.empty:
+                await self._sleep(self._gpu_wake)
+                continue
+            await self._run_gpu(plan)
+
+    async def _run_gpu(self, plan: GpuPlan, cpu_batch: list[EngineRequest] | None = None
+                       ) -> None:
+        step_id = next(self._steps)
+        batch, rows = batches.gpu_batch(step_id, plan)
+        involved = [m.req for m in plan.swap_out + plan.swap_in] + [row[1] for row in rows]
+        self._introduce("gpu", involved)
+        for r in involved:
+            r.in_flight = "gpu"
+        coros = [self.workers.gpu.step(batch)]
+        cpu_reqs = cpu_batch or []
+        if cpu_reqs:
+            coros.append(self._cpu_step(cpu_reqs, route=FUSED_ASSIST))
+        t0 = time.monotonic()
+        results = await asyncio.gather(*coros, return_exceptions=True)
+        done = results[0]
+        if isinstance(done, BaseException):
+            self._step_failed(involved, done)
+        else:
+            self.overlap.observe_gpu(plan.rows, time.monotonic() - t0)
+            self._apply_gpu(plan, rows, done)
+        if cpu_reqs:
+            self._apply_cpu(cpu_reqs, results[1])
+        self._wake()
+
+    def _apply_gpu(self, plan: GpuPlan, rows, done: P.StepDone) -> None:
+        now = time.monotonic()
+        for m in plan.swap_out:
+            m.req.in_flight = None
+            m.req.ready = True
+            self.metrics.inc("dualpace:kv_migrations_total", kind="swap-out")
+        for m in plan.swap_in:
+            m.req.in_flight = None
+            self.state.host_pool.free(m.req.pending_free)
+            m.req.pending_free = []
+            self.metrics.inc("dualpace:kv_migrations_total", kind="swap-in")
+        for row, token in zip(rows, done.tokens):
+            kind, r = row[0], row[1]
+            r.in_flight = None
+            if kind == "prefill":
+                self.metrics.inc("dualpace:prompt_tokens_total", row[2])
+                r.computed += row[2]
+                if r.computed < r.num_tokens:
+                    self._settle_abort(r)
+                    continue
+                r.phase = Phase.DECODE
+            elif kind == "to_cpu":
+                self.metrics.inc("dualpace:prompt_tokens_total", r.num_tokens)
+                self.metrics.inc("dualpace:kv_migrations_total", kind="prefill-to-cpu")
+                r.computed = r.num_tokens
+                r.ready = True
+            else:
+                r.computed = r.num_tokens
+            self._append_token(r, token, "gpu", now)
+        for m in plan.swap_out + plan.swap_in:
+            self._settle_abort(m.req)
+
+    # --- the CPU engine -----------------------------------------------------------------------
+    async def _cpu_loop(self) -> None:
+        while True:
+            plan = cpu_round(self.state)
+            self._after_round("cpu", plan)
+            if not plan.batch:
+                await self._sleep(self._cpu_wake)
+                continue
+            try:
+                done = await self._cpu_step(plan.batch)
+            except Exception as e:
+                done = e
+            self._apply_cpu(plan.batch, done)
+            self._wake()
+
+    async def _cpu_step(self, reqs: list[EngineRequest], route: str = "") -> P.StepDone:
+        self._introduce("cpu", reqs)
+        for r in reqs:
+            r.in_flight = "cpu"
+        batch = batches.cpu_batch(next(self._steps), reqs, route)
+        t0 = time.monotonic()
+        done = await self.workers.cpu.step(batch)
+        self.overlap.observe_cpu(sum(r.num_tokens for r in reqs), time.monotonic() - t0)
+        return done
+
+    def _apply_cpu(self, reqs: list[EngineRequest], done) -> None:
+        if isinstance(done, BaseException):
+            self._step_failed(reqs, done)
+            return
+        now = time.monotonic()
+        if done.assist_calls:
+            self.metrics.inc("dualpace:dense_assist_calls_total", done.assist_calls,
+                             route=done.route)
+        for r, token in zip(reqs, done.tokens):
+            r.in_flight = None
+            r.computed = r.num_tokens
+            self._append_token(r, token, "cpu", now)
+
+    # --- the gated (NEO-style) baseline ------------------------------------------------------
+    async def _gated_loop(self) -> None:
+        """One clock: each GPU iteration may carry CPU-resident decodes, admitted only while
+        the GPU batch's dense work is predicted to hide their CPU attention (Eq. 1)."""
+        while True:
+            plan = gpu_round(self.state)
+            self._after_round("gpu", plan)
+            cpu = self._gated_selection(plan) if plan.rows else []
+            if plan.empty and not cpu:
+                await self._sleep(self._gpu_wake)
+                continue
+            await self._run_gpu(plan, cpu)
+
+    def _gated_selection(self, plan: GpuPlan) -> list[EngineRequest]:
+        st = self.state
+        gpu_time = self.overlap.gpu_time(plan.rows)
+        chosen: list[EngineRequest] = []
+        candidates = [r for r in st.cpu_running + list(st.cpu_waiting)
+                      if r.ready and not r.finished and not r.in_flight]
+        growth = 0
+        for r in candidates:
+            if len(chosen) >= st.limits.cpu_batch_limit:
+                break
+            ctx = sum(c.num_tokens for c in chosen) + r.num_tokens
+            if self.overlap.cpu_time(ctx) > gpu_time:  # Eq. 1: T_lin >= T_ca
+                break
+            if not st.host_fits(growth=growth + r.growth_blocks()):
+                break
+            chosen.append(r)
+            growth += r.growth_blocks()
+        for r in chosen:
+            if r in st.cpu_waiting:
+                st.cpu_waiting.remove(r)
+            r.blocks += st.host_pool.allocate(r.blocks_for_next())
+        st.cpu_running = [r for r in st.cpu_running if r not in chosen] + chosen
+        return chosen
+
+    # --- shared helpers ----------------------------------------------------------------------
+    def _introduce(self, kind: str, reqs: list[EngineRequest]) -> None:
+        group = self.workers.gpu if kind == "gpu" else self.workers.cpu
+        for r in reqs:
+            if kind not in r.introduced:
+                group.send(P.NewRequest(req_id=r.rid, sampling=r.sampling_spec()))
+                r.introduced.add(kind)
+
+    def _append_token(self, r: EngineRequest, token: int, engine: str, now: float) -> None:
+        if r.abort_requested:
+            self._finish(r, r.abort_requested)
+            return
+        r.out.append(token)
+        if r.first_token_time is None:
+            r.first_token_time = now
+            self.metrics.observe("dualpace:time_to_first_token_seconds", now - r.arrival)
+        elif r.token_times:
+            self.metrics.observe("dualpace:inter_token_latency_seconds", now - r.token_times[-1])
+        r.token_times.append(now)
+        self.metrics.inc("dualpace:generation_tokens_total", engine=engine)
+        if self.trace is not None:
+            self.trace.append((now, engine, r.rid))
+        reason = None
+        if token in r.params.stop_token_ids or (not r.params.ignore_eos and token in self.eos_ids):
+            reason = "stop"
+        elif len(r.out) >= r.max_tokens:
+            reason = "length"
+        if reason:
+            self._finish(r, reason, new=[token])
+        else:
+            self._events.put_nowait(TokenEvent(r.rid, [token]))
+
+    def _settle_abort(self, r: EngineRequest) -> None:
+        if r.abort_requested and not r.in_flight and not r.finished:
+            self._finish(r, r.abort_requested)
+
+    def _finish(self, r: EngineRequest, reason: str, error: str | None = None,
+                new: list[int] | None = None, release: bool = True) -> None:
+        if r.finished:
+            return
+        st = self.state
+        r.phase = Phase.FINISHED
+        r.finish_reason = reason
+        for q in (st.gpu_running, st.cpu_running):
+            if r in q:
+                q.remove(r)
+        for dq in (st.gpu_waiting, st.cpu_waiting):
+            if r in dq:
+                dq.remove(r)
+        if release:
+            pool = st.gpu_pool if r.owner is Owner.GPU else st.host_pool
+            pool.free(r.blocks)
+            st.host_pool.free(r.pending_free)
+        r.blocks, r.pending_free = [], []
+        if r.introduced and release:
+            for kind in r.introduced:
+                group = self.workers.gpu if kind == "gpu" else self.workers.cpu
+                group.send(P.Release(req_ids=[r.rid]))
+        self.requests.pop(r.rid, None)
+        self.metrics.inc("dualpace:request_success_total", finished_reason=reason)
+        self.metrics.observe("dualpace:e2e_request_latency_seconds",
+                             time.monotonic() - r.arrival)
+        self._events.put_nowait(TokenEvent(r.rid, new or [], finish_reason=reason, error=error))
+        self._wake()
+
+    def _step_failed(self, reqs: list[EngineRequest], exc: BaseException) -> None:
+        log.error("step failed: %r", exc)
+        for r in reqs:
+            r.in_flight = None
+            self._finish(r, "abort", error=str(exc))
+
+    def _after_round(self, kind: str, plan) -> None:
+        st = self.state
+        self.metrics.set("dualpace:num_requests_running", len(st.gpu_running), engine="gpu")
+        self.metrics.set("dualpace:num_requests_running", len(st.cpu_running), engine="cpu")
+        self.metrics.set("dualpace:num_requests_waiting",
+                         len(st.gpu_waiting) + len(st.cpu_waiting))
+        self.metrics.set("dualpace:kv_blocks_used", st.gpu_pool.num_used, tier="gpu")
+        self.metrics.set("dualpace:kv_blocks_used", st.host_pool.num_used, tier="cpu")
+        if self.on_round is not None:
+            self.on_round(self, kind, plan)
+
+    def _wake(self) -> None:
+        self._gpu_wake.set()
+        self._cpu_wake.set()
+
+    @staticmethod
+    async def _sleep(event: asyncio.Event) -> None:
+        event.clear()
+        await event.wait()
+
+    # --- the completion loop -----------------------------------------------------------------
+    async def _completion_loop(self) -> None:
+        while True:
+            ev = await self._events.get()
+            self._deliver(ev)
+
+    def _flush_events(self) -> None:
+        while not self._events.empty():
+            self._deliver(self._events.get_nowait())
+
+    def _deliver(self, ev: TokenEvent) -> None:
+        stream = self.streams.get(ev.rid)
+        if stream is None:
+            return
+        delta, stop_hit = stream.process(ev)
+        if stop_hit:
+            self.abort(ev.rid, "stop")
+        if delta is not None:
+            stream.queue.put_nowait(delta)
+            if delta.finished:
+                self.streams.pop(ev.rid, None)

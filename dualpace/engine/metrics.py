@@ -1,0 +1,92 @@
+"""Prometheus metrics of the engine (DESIGN.md §Public interfaces). Rendered as text for
+``/metrics`` and flattened to ``{sample name with labels: value}`` for ``LLM.metrics()``."""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                   2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+
+_HELP = {
+    "dualpace:num_requests_running": ("gauge", "Requests in a running batch, per engine."),
+    "dualpace:num_requests_waiting": ("gauge", "Requests waiting for an engine."),
+    "dualpace:kv_blocks_used": ("gauge", "KV blocks in use, per tier."),
+    "dualpace:kv_blocks_total": ("gauge", "KV blocks in the pool, per tier."),
+    "dualpace:generation_tokens_total": ("counter", "Generated tokens, per engine."),
+    "dualpace:prompt_tokens_total": ("counter", "Prompt tokens prefilled."),
+    "dualpace:dense_assist_calls_total": ("counter", "Dense Assist calls, per route."),
+    "dualpace:kv_migrations_total": ("counter", "KV migrations, per kind."),
+    "dualpace:request_success_total": ("counter", "Finished requests, per finish reason."),
+    "dualpace:time_to_first_token_seconds": ("histogram", "Time to first token."),
+    "dualpace:inter_token_latency_seconds": ("histogram", "Time between two tokens."),
+    "dualpace:e2e_request_latency_seconds": ("histogram", "End-to-end request latency."),
+}
+
+
+def _labels(labels: dict[str, str]) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+class Histogram:
+    def __init__(self, buckets=LATENCY_BUCKETS):
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, v: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, v)] += 1
+        self.sum += v
+        self.count += 1
+
+    def samples(self, name: str) -> dict[str, float]:
+        out, acc = {}, 0
+        for le, c in zip(self.buckets, self.counts):
+            acc += c
+            out[f'{name}_bucket{{le="{le}"}}'] = float(acc)
+        out[f'{name}_bucket{{le="+Inf"}}'] = float(self.count)
+        out[f"{name}_sum"] = self.sum
+        out[f"{name}_count"] = float(self.count)
+        return out
+
+
+class Metrics:
+    def __init__(self):
+        self.counters: dict[tuple[str, tuple], float] = defaultdict(float)
+        self.gauges: dict[tuple[str, tuple], float] = {}
+        self.histograms = {n: Histogram() for n, (kind, _) in _HELP.items()
+                           if kind == "histogram"}
+
+    def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
+        self.counters[(name, tuple(sorted(labels.items())))] += value
+
+    def set(self, name: str, value: float, **labels: str) -> None:
+        self.gauges[(name, tuple(sorted(labels.items())))] = float(value)
+
+    def observe(self, name: str, value: float) -> None:
+        self.histograms[name].observe(value)
+
+    def samples(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for (name, labels), v in list(self.gauges.items()) + list(self.counters.items()):
+            out[name + _labels(dict(labels))] = v
+        for name, h in self.histograms.items():
+            out.update(h.samples(name))
+        return out
+
+    def render(self) -> str:
+        """Prometheus text exposition format."""
+        samples = self.samples()
+        lines = []
+        for name, (kind, help_text) in _HELP.items():
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} {kind}")
+            for key, v in samples.items():
+                base = key.split("{", 1)[0]
+                if base == name or (kind == "histogram" and base.startswith(name + "_")):
+                    lines.append(f"{key} {v}")
+        return "\n".join(lines) + "\n"

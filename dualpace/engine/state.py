@@ -1,0 +1,93 @@
+"""The scheduling state both engine loops share: block pools, queues, limits, and the host-KV
+obligations of Eq. 2-4 (paper §4.1). Torch-free; single-threaded (one asyncio loop)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from dualpace.engine.request import EngineRequest, Owner, Phase
+from dualpace.kv.block_pool import BlockPool
+
+POLICIES = ("dualpace", "gated", "gpu-only")
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_num_seqs: int  # rows of a GPU batch, and the CPU-owned population bound
+    gpu_token_limit: int  # GPU batched-token limit (profile or --max-num-batched-tokens)
+    cpu_batch_limit: int  # C: the CPU decode batch limit (profile or --max-num-seqs)
+    max_model_len: int
+
+
+class SchedulerState:
+    def __init__(self, gpu_pool: BlockPool, host_pool: BlockPool, limits: Limits,
+                 policy: str = "dualpace"):
+        if policy not in POLICIES:
+            raise ValueError(f"policy: expected one of {POLICIES}, got {policy!r}")
+        self.gpu_pool = gpu_pool
+        self.host_pool = host_pool
+        self.limits = limits
+        self.policy = policy
+        self.gpu_waiting: deque[EngineRequest] = deque()  # prompts, FIFO
+        self.gpu_running: list[EngineRequest] = []  # GPU-owned; the tail is evicted first
+        self.cpu_waiting: deque[EngineRequest] = deque()  # CPU-owned, not in the active batch
+        self.cpu_running: list[EngineRequest] = []  # the CPU active batch
+        self.migration_reserve = 0  # B_C^migration, published by the GPU round
+
+    # --- Eq. 2-4 --------------------------------------------------------------------------
+    def cpu_growth(self, running: list[EngineRequest] | None = None) -> int:
+        """B_C^growth (Eq. 3) over ``running`` (default: the CPU running queue)."""
+        rs = self.cpu_running if running is None else running
+        return sum(r.growth_blocks() for r in rs)
+
+    def host_fits(self, planned: int = 0, growth: int | None = None,
+                  migration: int | None = None) -> bool:
+        """Eq. 2: used + planned + growth + migration <= capacity (blocks)."""
+        g = self.cpu_growth() if growth is None else growth
+        m = self.migration_reserve if migration is None else migration
+        return self.host_pool.num_used + planned + g + m <= self.host_pool.num_blocks
+
+    def migration_reserve_for(self, gpu_population: list[EngineRequest]) -> int:
+        """Eq. 4: if the GPU population's finish-peak exceeds HBM, the suffix scanned from
+        the eviction-priority tail that must move for the rest to fit, in blocks."""
+        peak = sum(r.peak_blocks for r in gpu_population)
+        cap = self.gpu_pool.num_blocks
+        reserve = 0
+        for r in reversed(gpu_population):
+            if peak <= cap:
+                break
+            peak -= r.peak_blocks
+            reserve += r.peak_blocks
+        return reserve
+
+    # --- ownership invariants (tests call this after every round) ---------------------------
+    def check_invariants(self, live: list[EngineRequest]) -> None:
+        queues = {
+            "gpu_waiting": list(self.gpu_waiting), "gpu_running": self.gpu_running,
+            "cpu_waiting": list(self.cpu_waiting), "cpu_running": self.cpu_running,
+        }
+        seen: dict[int, str] = {}
+        for name, q in queues.items():
+            for r in q:
+                if r.rid in seen:
+                    raise AssertionError(f"request {r.rid} in {seen[r.rid]} and {name}")
+                seen[r.rid] = name
+                want = Owner.GPU if name.startswith("gpu") else Owner.CPU
+                if r.owner is not want:
+                    raise AssertionError(f"request {r.rid} in {name} owned by {r.owner}")
+        gpu_blocks = [b for r in live if r.owner is Owner.GPU for b in r.blocks]
+        cpu_blocks = [b for r in live if r.owner is Owner.CPU for b in r.blocks]
+        for r in live:  # host source blocks of a swap-in still in flight
+            cpu_blocks.extend(r.pending_free)
+        if len(gpu_blocks) != len(set(gpu_blocks)) or len(cpu_blocks) != len(set(cpu_blocks)):
+            raise AssertionError("a KV block is held twice")
+        if len(gpu_blocks) != self.gpu_pool.num_used:
+            raise AssertionError(f"GPU pool: {self.gpu_pool.num_used} used, requests hold "
+                                 f"{len(gpu_blocks)}")
+        if len(cpu_blocks) != self.host_pool.num_used:
+            raise AssertionError(f"host pool: {self.host_pool.num_used} used, requests hold "
+                                 f"{len(cpu_blocks)}")
+        for r in live:
+            if r.phase is not Phase.FINISHED and r.rid not in seen:
+                raise AssertionError(f"live request {r.rid} is in no queue")

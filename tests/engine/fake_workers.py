@@ -1,0 +1,87 @@
+"""Fake GPU/CPU worker groups for scheduler tests: they execute nothing but check what a
+real worker would rely on (introduced requests, block tables covering every position,
+KV present in the pool a step runs over) and return deterministic tokens."""
+
+from __future__ import annotations
+
+import asyncio
+
+from dualpace.runtime import protocol as P
+
+BLOCK = 4
+
+
+def fake_token(rid: int, out_index: int, vocab: int) -> int:
+    return 1 + (rid * 31 + out_index * 7) % (vocab - 1)
+
+
+class FakeGroup:
+    def __init__(self, kind: str, world: FakeWorkers):
+        self.kind = kind
+        self.world = world
+        self.known: set[int] = set()
+        self.tables: dict[int, list[int]] = {}
+        self.steps = 0
+
+    def send(self, msg) -> None:
+        if isinstance(msg, P.NewRequest):
+            assert msg.req_id not in self.known, "request introduced twice"
+            self.known.add(msg.req_id)
+        elif isinstance(msg, P.Release):
+            for rid in msg.req_ids:
+                self.known.discard(rid)
+                self.tables.pop(rid, None)
+                self.world.on_host.discard(rid)
+
+    async def step(self, batch):
+        await asyncio.sleep(self.world.delay)
+        self.steps += 1
+        w = self.world
+        ready = []
+        if isinstance(batch, P.GpuBatch):
+            for m in batch.swap_out:
+                assert m.req_id in self.known, "swap-out of an unknown request"
+                w.on_host.add(m.req_id)
+                ready.append(m.req_id)
+            for m in batch.swap_in:
+                assert m.req_id in w.on_host, "swap-in of KV that is not on the host"
+                w.on_host.discard(m.req_id)
+                self.tables[m.req_id] = list(m.dst_blocks)
+                ready.append(m.req_id)
+        tokens = []
+        for s in batch.seqs:
+            assert s.req_id in self.known, f"{self.kind} worker never introduced to {s.req_id}"
+            if s.host_blocks:  # Prefill-to-CPU
+                assert s.start_pos == 0, "Prefill-to-CPU not from position 0"
+                w.on_host.add(s.req_id)
+                ready.append(s.req_id)
+            else:
+                if self.kind == "cpu":
+                    assert s.req_id in w.on_host, "CPU decode before its KV reached the host"
+                table = self.tables.setdefault(s.req_id, [])
+                if s.reset:
+                    table[:] = s.new_blocks
+                else:
+                    table.extend(s.new_blocks)
+                end = s.start_pos + len(s.token_ids)
+                assert len(table) * w.block_size >= end, "block table too short"
+                assert len(set(table)) == len(table), f"block twice in {self.kind} table {table}"
+            tokens.append(fake_token(s.req_id, s.out_index, w.vocab) if s.sample else -1)
+        w.executed.append((self.kind, [s.req_id for s in batch.seqs]))
+        calls = 0
+        route = ""
+        if isinstance(batch, P.CpuBatch):
+            route = batch.route or "full-cpu"
+        return P.StepDone(step_id=batch.step_id, tokens=tokens, ready=ready, route=route,
+                          assist_calls=calls)
+
+
+class FakeWorkers:
+    def __init__(self, vocab: int = 1000, block_size: int = BLOCK, delay: float = 0.0):
+        self.vocab = vocab
+        self.block_size = block_size
+        self.delay = delay
+        self.on_host: set[int] = set()
+        self.executed: list[tuple[str, list[int]]] = []
+        self.gpu = FakeGroup("gpu", self)
+        self.cpu = FakeGroup("cpu", self)
