@@ -24,6 +24,8 @@ class EngineConfig:
     max_model_len: int = 0  # 0: the checkpoint's max_position_embeddings
     max_num_seqs: int = 64
     # --- the dual-engine runtime ----------------------------------------------------------
+    policy: str = "dualpace"  # dualpace | gated (NEO-style) | gpu-only (vLLM-style)
+    cpu_batch_limit: int = 0  # C, the CPU decode batch limit (0: the profile, else max_num_seqs)
     cpu_kv_gib: float = 2.0  # host (CPU-tier) KV pool
     cpu_dtype: str = "auto"  # CPU worker compute dtype: "auto" = bfloat16 with AMX, else fp32
     max_num_batched_tokens: int = 2048  # GPU batched-token limit (also the staging size)
@@ -49,6 +51,10 @@ class EngineConfig:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs: must be >= 1, got {self.max_num_seqs}")
+        if self.policy not in ("dualpace", "gated", "gpu-only"):
+            raise ValueError(f"policy: expected dualpace, gated or gpu-only, got {self.policy!r}")
+        if self.cpu_batch_limit < 0:
+            raise ValueError(f"cpu_batch_limit: must be >= 0, got {self.cpu_batch_limit}")
         if self.cpu_kv_gib <= 0:
             raise ValueError(f"cpu_kv_gib: must be > 0, got {self.cpu_kv_gib}")
         if self.cpu_dtype != "auto" and self.cpu_dtype not in _DTYPES:

@@ -1,12 +1,18 @@
-"""Offline Python API: ``LLM(model_dir, **options).generate(prompts, params)``."""
+"""Offline Python API: ``LLM(model_dir, **options).generate(prompts, params)``.
+
+It drives the same engine and worker processes as ``dualpace serve``: an asyncio loop in a
+background thread runs the ServingEngine; ``generate`` blocks until every output is done.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dualpace.config import EngineConfig
-from dualpace.engine.inprocess import InProcessEngine
+from dualpace.engine.serving import ServingEngine
 from dualpace.sampling.params import SamplingParams
 
 
@@ -17,26 +23,49 @@ class RequestOutput:
     token_ids: list[int]
     text: str
     finish_reason: str
+    error: str | None = None
 
 
 Prompt = str | Sequence[int]
 
 
 class LLM:
-    """Load a checkpoint and generate. Options are the ``dualpace serve`` flags, underscored."""
+    """Load a checkpoint, start the workers, generate. Options are the ``dualpace serve``
+    flags with underscores (``--gpu-kv-blocks`` -> ``gpu_kv_blocks``)."""
 
     def __init__(self, model: str, **options):
         self.config = EngineConfig.from_options(str(model), **options)
-        self._engine: InProcessEngine | None = InProcessEngine(self.config)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="dualpace-llm",
+                                        daemon=True)
+        self._thread.start()
+        self._serving: ServingEngine | None = None
+        try:
+            self._serving = self._run(self._start())
+        except BaseException:
+            self._close_loop()
+            raise
+
+    async def _start(self) -> ServingEngine:
+        serving = ServingEngine(self.config)
+        try:
+            await serving.start()
+        except BaseException:
+            await serving.runtime.stop()
+            raise
+        return serving
+
+    def _run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _live(self) -> ServingEngine:
+        if self._serving is None:
+            raise RuntimeError("LLM was shut down")
+        return self._serving
 
     @property
     def tokenizer(self):
         return self._live().tokenizer
-
-    def _live(self) -> InProcessEngine:
-        if self._engine is None:
-            raise RuntimeError("LLM was shut down")
-        return self._engine
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -52,7 +81,7 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """One output per prompt, in order. Prompts are strings or token-id lists."""
-        engine = self._live()
+        serving = self._live()
         if isinstance(prompts, str) or (
             isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
         ):
@@ -61,19 +90,61 @@ class LLM:
         plist = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError(f"params: {len(plist)} sampling params for {len(prompts)} prompts")
-        requests = [engine.make_request(self._prompt_ids(p), sp) for p, sp in zip(prompts, plist)]
-        texts = engine.run(requests)
-        return [
-            RequestOutput(r.request_id, r.prompt_ids, r.output_ids, texts[r.request_id],
-                          r.finish_reason)
-            for r in requests
-        ]
+        ids = [self._prompt_ids(p) for p in prompts]
+        return self._run(self._generate(serving, ids, plist))
+
+    @staticmethod
+    async def _generate(serving: ServingEngine, ids, plist) -> list[RequestOutput]:
+        streams = []
+        try:
+            for p, sp in zip(ids, plist):
+                streams.append(serving.add_request(p, sp))
+        except BaseException:
+            for s in streams:
+                serving.abort(s.rid)
+            raise
+
+        async def collect(prompt, stream) -> RequestOutput:
+            toks, text, reason, error = [], [], "abort", None
+            async for d in stream:
+                toks += d.token_ids
+                text.append(d.text)
+                if d.finished:
+                    reason, error = d.finish_reason, d.error
+            return RequestOutput(f"req-{stream.rid}", prompt, toks, "".join(text), reason, error)
+
+        return list(await asyncio.gather(*(collect(p, s) for p, s in zip(ids, streams))))
+
+    def metrics(self) -> dict[str, float]:
+        """The samples ``/metrics`` exposes, keyed by Prometheus sample name with labels."""
+        serving = self._live()
+
+        async def read():
+            return serving.metrics()
+
+        return self._run(read())
 
     def shutdown(self) -> None:
-        self._engine = None
+        if self._serving is not None:
+            serving, self._serving = self._serving, None
+            self._run(serving.stop())
+        self._close_loop()
+
+    def _close_loop(self) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+        if not self._loop.is_closed() and not self._loop.is_running():
+            self._loop.close()
 
     def __enter__(self) -> LLM:
         return self
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+    def __del__(self):
+        try:
+            self.shutdown()
+        except Exception:
+            pass

@@ -54,9 +54,9 @@ class LLMEngine:
     def __init__(self, workers, *, gpu_blocks: int, host_blocks: int, block_size: int,
                  limits: Limits, policy: str, vocab_size: int, eos_ids: tuple[int, ...],
                  tokenizer=None, on_round=None):
-        """``workers`` has ``.gpu`` and ``.cpu`` worker groups (``send``, ``step``): the
-        runtime's, or fakes in scheduler tests. ``on_round(engine, kind, plan)`` is a test
-        hook called after every committed round."""
+        """``workers`` has ``.gpu`` and ``.cpu`` worker groups (``send``, ``step``) and an
+        ``available`` event: the runtime, or fakes in scheduler tests.
+        ``on_round(engine, kind, plan)`` is a test hook called after every committed round."""
         self.workers = workers
         self.state = SchedulerState(BlockPool(gpu_blocks, block_size),
                                     BlockPool(host_blocks, block_size), limits, policy)
@@ -163,6 +163,7 @@ class LLMEngine:
     # --- the GPU engine -----------------------------------------------------------------------
     async def _gpu_loop(self) -> None:
         while True:
+            await self.workers.available.wait()  # never plan onto a restarting group
             plan = gpu_round(self.state)
             self._after_round("gpu", plan)
             if plan.empty:
@@ -229,6 +230,7 @@ class LLMEngine:
     # --- the CPU engine -----------------------------------------------------------------------
     async def _cpu_loop(self) -> None:
         while True:
+            await self.workers.available.wait()
             plan = cpu_round(self.state)
             self._after_round("cpu", plan)
             if not plan.batch:
@@ -269,6 +271,7 @@ class LLMEngine:
         """One clock: each GPU iteration may carry CPU-resident decodes, admitted only while
         the GPU batch's dense work is predicted to hide their CPU attention (Eq. 1)."""
         while True:
+            await self.workers.available.wait()
             plan = gpu_round(self.state)
             self._after_round("gpu", plan)
             cpu = self._gated_selection(plan) if plan.rows else []

@@ -140,6 +140,7 @@ class Runtime:
         self.generation = 0  # bumps on every (re)start; the engine resets its state then
         self.restarts = 0
         self.dead = asyncio.Event()
+        self.available = asyncio.Event()  # set while a started group can take steps
         self.failure: str | None = None
         self._on_failure: list = []
         self._instance: Instance | None = None
@@ -225,6 +226,7 @@ class Runtime:
         for child in self._children:
             loop.add_reader(child.pidfd, self._on_death, child)
         self.generation += 1
+        self.available.set()
         log.info("runtime up: gpu workers %s on cores %s, cpu workers %s on cores %s",
                  self.gpu.pids, gpu_cores, self.cpu.pids, cpu_cores)
 
@@ -279,6 +281,7 @@ class Runtime:
         await self._teardown()
 
     async def _teardown(self) -> None:
+        self.available.clear()
         loop = asyncio.get_running_loop()
         for c in self._children:
             try:
@@ -316,6 +319,7 @@ class Runtime:
         how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
         exc = WorkerDied(f"{child.kind} worker {child.rank} (pid {child.proc.pid}) died: {how}")
         log.error("%s", exc)
+        self.available.clear()
         for client in (self.gpu, self.cpu):
             if client is not None:
                 client.fail_all(exc)

@@ -85,3 +85,5 @@ class FakeWorkers:
         self.executed: list[tuple[str, list[int]]] = []
         self.gpu = FakeGroup("gpu", self)
         self.cpu = FakeGroup("cpu", self)
+        self.available = asyncio.Event()
+        self.available.set()

@@ -1,0 +1,78 @@
+"""The serving engine: the worker runtime plus the LLMEngine on top of it, with the
+tokenizer and the limits resolved from the config. ``LLM`` and ``dualpace serve`` both
+drive this one object (no in-process shortcut)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from dualpace.config import EngineConfig
+from dualpace.engine.llm_engine import EngineDead, LLMEngine
+from dualpace.engine.outputs import RequestStream
+from dualpace.engine.state import Limits
+from dualpace.model.config import load_model_config
+from dualpace.runtime.supervisor import Runtime
+from dualpace.sampling.params import SamplingParams
+from dualpace.tokenizer.tokenizer import Tokenizer
+
+log = logging.getLogger("dualpace.engine")
+
+
+class EngineUnavailable(RuntimeError):
+    """Temporarily unable to take requests (workers restarting, or draining)."""
+
+
+class ServingEngine:
+    def __init__(self, config: EngineConfig):
+        self.model_config = load_model_config(config.model)
+        self.tokenizer = Tokenizer(config.model)
+        self.runtime = Runtime(config)
+        self.config = self.runtime.config  # resolved sizes
+        self.engine: LLMEngine | None = None
+        self._watch: asyncio.Task | None = None
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.max_model_len
+
+    async def start(self) -> None:
+        rt, cfg, mc = self.runtime, self.config, self.model_config
+        await rt.start()
+        eos = mc.eos_token_ids or ((self.tokenizer.eos_token_id,)
+                                   if self.tokenizer.eos_token_id is not None else ())
+        limits = Limits(max_num_seqs=cfg.max_num_seqs, gpu_token_limit=cfg.max_num_batched_tokens,
+                        cpu_batch_limit=cfg.cpu_batch_limit or cfg.max_num_seqs,
+                        max_model_len=cfg.max_model_len)
+        self.engine = LLMEngine(rt, gpu_blocks=cfg.gpu_kv_blocks,
+                                host_blocks=rt.sizing.host_kv.num_blocks,
+                                block_size=cfg.block_size, limits=limits, policy=cfg.policy,
+                                vocab_size=mc.vocab_size, eos_ids=eos, tokenizer=self.tokenizer)
+        rt.on_failure(lambda exc: self.engine.fail_all(str(exc)))
+        self.engine.start()
+        self._watch = asyncio.create_task(self._watch_dead())
+
+    async def _watch_dead(self) -> None:
+        await self.runtime.dead.wait()
+        self.engine.mark_dead(self.runtime.failure or "workers failed")
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
+        if self.engine is None or self.engine.dead:
+            raise EngineDead(self.engine.dead if self.engine else "engine not started")
+        if not self.runtime.available.is_set():
+            raise EngineUnavailable("workers are restarting")
+        return self.engine.add_request(prompt_ids, params, self.max_model_len)
+
+    def abort(self, rid: int) -> None:
+        if self.engine is not None:
+            self.engine.abort(rid)
+
+    def metrics(self) -> dict[str, float]:
+        return self.engine.metrics.samples() if self.engine else {}
+
+    async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+        if self.engine is not None:
+            await self.engine.stop()
+        await self.runtime.stop()
