@@ -3,30 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
 
+from dualpace.config import FLAG_HELP, EngineConfig
+
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per EngineConfig field (``--gpu-kv-blocks`` <-> ``gpu_kv_blocks``)."""
     p.add_argument("--model", default=None,
                    help="Hugging Face checkpoint directory (default: the demo model)")
-    p.add_argument("--gpu-device", default="auto", help="auto | cpu | cuda[:N]")
-    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
-    p.add_argument("--block-size", type=int, default=16, help="KV block size in tokens")
-    p.add_argument("--gpu-kv-blocks", type=int, default=0,
-                   help="KV blocks in the GPU-side pool (0: sized automatically)")
-    p.add_argument("--max-model-len", type=int, default=0,
-                   help="longest prompt + output (0: the checkpoint's limit)")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
+    for f in dataclasses.fields(EngineConfig):
+        if f.name == "model":
+            continue
+        kind = {"int": int, "float": float}.get(str(f.type), str)
+        p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default,
+                       help=f"{FLAG_HELP.get(f.name, '')} (default: {f.default!r})")
 
 
 def _engine_options(args: argparse.Namespace) -> dict:
-    return {
-        "gpu_device": args.gpu_device, "dtype": args.dtype, "block_size": args.block_size,
-        "gpu_kv_blocks": args.gpu_kv_blocks, "max_model_len": args.max_model_len,
-        "max_num_seqs": args.max_num_seqs,
-    }
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
+            if f.name != "model"}
 
 
 def _model_dir(args: argparse.Namespace) -> str:

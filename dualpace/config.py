@@ -14,6 +14,28 @@ import torch
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+FLAG_HELP = {
+    "gpu_device": "auto | cpu | cuda[:N]: where the GPU worker runs",
+    "dtype": "GPU-worker compute dtype: auto | float32 | bfloat16 | float16",
+    "block_size": "KV block size in tokens",
+    "gpu_kv_blocks": "KV blocks in the GPU-side pool (0: sized automatically)",
+    "max_model_len": "longest prompt + output (0: the checkpoint's limit)",
+    "max_num_seqs": "most requests in a GPU batch / owned by the CPU tier",
+    "policy": "dualpace | gated (NEO-style baseline) | gpu-only (vLLM-style baseline)",
+    "cpu_batch_limit": "CPU decode batch limit C (0: --max-num-seqs)",
+    "cpu_kv_gib": "host (CPU-tier) KV pool size in GiB",
+    "cpu_dtype": "CPU-worker compute dtype: auto (bfloat16 with AMX, else float32)",
+    "max_num_batched_tokens": "GPU batched-token limit (chunked prefill, staging size)",
+    "assist_thresholds": "'P,F' Dense Assist routing thresholds (Eq. 5); default 0,0",
+    "gpu_cores": "cores of the GPU worker(s), e.g. 0-1 (default: a quarter of the allowed)",
+    "cpu_cores": "cores of the CPU worker(s), e.g. 2-15 (default: the rest)",
+    "gpu_tp": "tensor-parallel ranks of the GPU worker group",
+    "cpu_tp": "tensor-parallel ranks of the CPU worker group",
+    "startup_timeout": "seconds for the workers to load and say hello",
+    "max_restarts": "worker-group restarts before the server gives up",
+}
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: str
