@@ -113,6 +113,11 @@ class EngineConfig:
 
         return parse_thresholds(self.assist_thresholds) if self.assist_thresholds else (0, 0)
 
+    def staging_blocks(self) -> int:
+        """GPU staging blocks for Prefill-to-CPU: one layer of a full batched-token budget,
+        plus one block per row for the rounding of each prompt's last block."""
+        return -(-self.max_num_batched_tokens // self.block_size) + self.max_num_seqs
+
     def cpu_torch_dtype(self) -> torch.dtype:
         """BF16 where the CPU has AMX (oneDNN BF16 through torch is fast there), else FP32:
         on AVX2/AVX-512 machines torch's BF16 linear is several times slower (DESIGN.md)."""

@@ -167,7 +167,7 @@ def step5_admit_prefills(st: SchedulerState, plan: GpuPlan, b: _Budget) -> None:
             b.rows -= 1
     to_cpu_mode = False
     host_planned = 0
-    staging = st.limits.gpu_token_limit
+    staging = st.limits.staging_blocks
     for r in st.gpu_waiting:
         if r.finished:
             continue
@@ -189,14 +189,15 @@ def step5_admit_prefills(st: SchedulerState, plan: GpuPlan, b: _Budget) -> None:
         if st.policy == "gpu-only":
             break
         cpu_owned = len(st.cpu_running) + len(st.cpu_waiting) + len(plan.to_cpu)
-        if total > b.tokens or total > staging or cpu_owned >= st.limits.max_num_seqs:
-            break
         n_host = blocks_for_tokens(total, st.host_pool.block_size)
+        if total > b.tokens or n_host > staging or cpu_owned >= st.limits.max_num_seqs:
+            break
         if not st.host_fits(planned=host_planned + n_host):
             break
         plan.to_cpu.append(r)
         to_cpu_mode = True
         host_planned += n_host
+        staging -= n_host
         b.tokens -= total
         b.rows -= 1
 

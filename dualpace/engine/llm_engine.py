@@ -89,7 +89,17 @@ class LLMEngine:
                  self._completion_loop()]
         if self.state.policy == "dualpace":
             loops.append(self._cpu_loop())
-        self._tasks = [asyncio.create_task(c) for c in loops]
+        self._tasks = [asyncio.create_task(self._guard(c)) for c in loops]
+
+    async def _guard(self, loop_coro) -> None:
+        """A crashed engine loop is a dead engine, reported, never a silent hang."""
+        try:
+            await loop_coro
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception("engine loop crashed")
+            self.mark_dead(f"engine loop crashed: {type(e).__name__}: {e}")
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -261,7 +271,7 @@ class LLMEngine:
         if done.assist_calls:
             self.metrics.inc("dualpace:dense_assist_calls_total", done.assist_calls,
                              route=done.route)
-        for r, token in zip(reqs, done.tokens):
+        for r, token in zip(list(reqs), done.tokens):
             r.in_flight = None
             r.computed = r.num_tokens
             self._append_token(r, token, "cpu", now)
@@ -274,18 +284,29 @@ class LLMEngine:
             await self.workers.available.wait()
             plan = gpu_round(self.state)
             self._after_round("gpu", plan)
-            cpu = self._gated_selection(plan) if plan.rows else []
+            cpu = self._gated_selection(plan)
             if plan.empty and not cpu:
                 await self._sleep(self._gpu_wake)
                 continue
             await self._run_gpu(plan, cpu)
+            st = self.state  # between iterations CPU-resident requests wait (swap-in-able)
+            for r in reversed([r for r in st.cpu_running if not r.finished]):
+                st.cpu_waiting.appendleft(r)
+            st.cpu_running = []
 
     def _gated_selection(self, plan: GpuPlan) -> list[EngineRequest]:
+        """CPU-resident decodes for this GPU iteration. With no GPU work at all and nothing
+        the GPU could swap in, the pipeline trivially beats GPU-only (which would produce
+        nothing), so the head runs (liveness); otherwise only what Eq. 1 admits."""
         st = self.state
+        candidates = [r for r in st.cpu_waiting if r.ready and not r.finished
+                      and not r.in_flight]
+        if not candidates:
+            return []
         gpu_time = self.overlap.gpu_time(plan.rows)
+        if plan.empty:
+            gpu_time = float("inf")
         chosen: list[EngineRequest] = []
-        candidates = [r for r in st.cpu_running + list(st.cpu_waiting)
-                      if r.ready and not r.finished and not r.in_flight]
         growth = 0
         for r in candidates:
             if len(chosen) >= st.limits.cpu_batch_limit:
@@ -298,10 +319,9 @@ class LLMEngine:
             chosen.append(r)
             growth += r.growth_blocks()
         for r in chosen:
-            if r in st.cpu_waiting:
-                st.cpu_waiting.remove(r)
+            st.cpu_waiting.remove(r)
             r.blocks += st.host_pool.allocate(r.blocks_for_next())
-        st.cpu_running = [r for r in st.cpu_running if r not in chosen] + chosen
+        st.cpu_running = list(chosen)  # finishing requests leave it while the step applies
         return chosen
 
     # --- shared helpers ----------------------------------------------------------------------

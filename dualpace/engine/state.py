@@ -18,6 +18,7 @@ class Limits:
     gpu_token_limit: int  # GPU batched-token limit (profile or --max-num-batched-tokens)
     cpu_batch_limit: int  # C: the CPU decode batch limit (profile or --max-num-seqs)
     max_model_len: int
+    staging_blocks: int = 1 << 30  # GPU staging blocks for one round's Prefill-to-CPU
 
 
 class SchedulerState:

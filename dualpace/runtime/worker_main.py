@@ -111,8 +111,7 @@ class WorkerProcess:
                                 max_len, all_reduce=self._all_reduce(device))
             kv = KVCache(local.num_layers, cfg.gpu_kv_blocks, local.num_kv_heads,
                          cfg.block_size, local.head_dim, dtype, device)
-            staging_blocks = -(-cfg.max_num_batched_tokens // cfg.block_size)
-            staging = StagingKV(local.num_layers, staging_blocks, local.num_kv_heads,
+            staging = StagingKV(local.num_layers, cfg.staging_blocks(), local.num_kv_heads,
                                 cfg.block_size, local.head_dim, dtype, device)
             heads = head_ranges(full.num_kv_heads, spec.tp_size, spec.num_host_regions,
                                 spec.rank)
