@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dualpace.engine.request import EngineRequest
+from dualpace.engine.request import EngineRequest, Owner, Phase
 from dualpace.engine.state import SchedulerState
 
 
@@ -19,6 +19,7 @@ class CpuPlan:
     batch: list[EngineRequest] = field(default_factory=list)
     wait_for: EngineRequest | None = None  # nothing runnable: the unready queue head
     moved: bool = False  # running requests were yielded / pushed back this round
+    recomputed: list[EngineRequest] = field(default_factory=list)  # liveness preemption
 
 
 @dataclass
@@ -86,6 +87,34 @@ def step3_admit_ready_prefix(st: SchedulerState, b: _Budget, plan: CpuPlan) -> N
 def step4_wait_on_readiness(st: SchedulerState, b: _Budget, plan: CpuPlan) -> None:
     if not b.selected and st.cpu_waiting and not st.cpu_waiting[0].ready:
         plan.wait_for = st.cpu_waiting[0]
+    elif not b.selected and st.cpu_waiting:
+        _progress_guarantee(st, b, plan)
+
+
+def _progress_guarantee(st: SchedulerState, b: _Budget, plan: CpuPlan) -> None:
+    """Liveness beyond the paper's envelope. When the idle tier cannot reserve its ready
+    head's whole finish growth (host KV held by waiting requests whose peaks do not all
+    fit), run the head with next-token allocation only; if not even one block is free,
+    recompute-preempt the youngest waiting request (its KV is dropped and it re-enters the
+    GPU waiting queue, as vLLM preempts), so the oldest request always advances."""
+    head = st.cpu_waiting[0]
+    if head.swap_in_mark or head.finished:
+        return
+    while head.blocks_for_next() > st.host_pool.num_free:
+        victims = [r for r in st.cpu_waiting if r is not head and not r.in_flight
+                   and r.ready and not r.finished]
+        if not victims:
+            return
+        victim = victims[-1]
+        st.cpu_waiting.remove(victim)
+        st.host_pool.free(victim.blocks)
+        victim.blocks, victim.computed, victim.phase = [], 0, Phase.WAITING
+        victim.owner, victim.known = Owner.GPU, {"gpu": -1, "cpu": -1}
+        victim.preemptions += 1
+        st.gpu_waiting.appendleft(victim)
+        plan.recomputed.append(victim)
+    st.cpu_waiting.popleft()
+    b.selected.append(head)
 
 
 def step5_commit(st: SchedulerState, b: _Budget, plan: CpuPlan) -> None:

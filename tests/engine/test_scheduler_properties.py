@@ -24,8 +24,10 @@ def check_round(engine: LLMEngine, kind: str, plan) -> None:
     st = engine.state
     live = list(engine.requests.values())
     st.check_invariants(live)
-    # Eq. 2 without the reserve can never be violated (evictions may use the reserve).
-    assert st.host_pool.num_used + st.cpu_growth() <= st.host_pool.num_blocks
+    # Eq. 2 without the reserve (evictions may use the reserve) holds, except for the
+    # progress guarantee, which runs one request alone without its whole growth reserved.
+    assert (st.host_pool.num_used + st.cpu_growth() <= st.host_pool.num_blocks
+            or len(st.cpu_running) == 1)
     if kind == "cpu":
         for r in plan.batch:
             assert r.ready and r.owner.value == "cpu"

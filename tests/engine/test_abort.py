@@ -1,0 +1,95 @@
+"""Abort in every state frees every block exactly once (fake workers with slow steps)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from dualpace.engine.llm_engine import LLMEngine
+from dualpace.engine.request import Owner
+from dualpace.engine.state import Limits
+from dualpace.sampling.params import SamplingParams
+
+from .fake_workers import FakeWorkers
+
+
+def _engine(gpu_blocks=12, host_blocks=64, delay=0.02):
+    workers = FakeWorkers(delay=delay)
+    limits = Limits(max_num_seqs=4, gpu_token_limit=64, cpu_batch_limit=2, max_model_len=1000,
+                    staging_blocks=64)
+    eng = LLMEngine(workers, gpu_blocks=gpu_blocks, host_blocks=host_blocks, block_size=4,
+                    limits=limits, policy="dualpace", vocab_size=1000, eos_ids=(),
+                    on_round=lambda e, k, p: e.state.check_invariants(list(e.requests.values())))
+    return eng, workers
+
+
+async def _drain(stream):
+    out = []
+    async for d in stream:
+        out.append(d)
+    return out
+
+
+async def _until(pred, timeout=5.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not pred():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.001)
+
+
+def _params(n=200):
+    return SamplingParams(max_tokens=n, temperature=0)
+
+
+@pytest.mark.parametrize("state", ["waiting", "gpu-running", "mid-prefill-to-cpu",
+                                   "cpu-running", "mid-swap-out"])
+def test_abort_in_every_state(state):
+    async def main():
+        eng, _ = _engine()
+        eng.start()
+        try:
+            if state == "waiting":
+                blockers = [eng.add_request([1] * 40, _params(), 1000) for _ in range(4)]
+                s = eng.add_request([2] * 8, _params(), 1000)
+                await asyncio.sleep(0.005)
+                target = eng.requests[s.rid]
+                assert target in eng.state.gpu_waiting or target.owner is Owner.CPU
+            elif state == "gpu-running":
+                s = eng.add_request([2] * 8, _params(), 1000)
+                await _until(lambda: eng.requests[s.rid].out)
+                blockers = []
+            elif state == "mid-prefill-to-cpu":
+                blockers = [eng.add_request([1] * 40, _params(), 1000)]
+                await _until(lambda: eng.requests[blockers[0].rid].out)
+                s = eng.add_request([3] * 30, _params(), 1000)
+                await _until(lambda: eng.requests[s.rid].owner is Owner.CPU
+                             and eng.requests[s.rid].in_flight == "gpu")
+            elif state == "cpu-running":
+                blockers = [eng.add_request([1] * 40, _params(), 1000)]
+                await _until(lambda: eng.requests[blockers[0].rid].out)
+                s = eng.add_request([3] * 30, _params(), 1000)
+                await _until(lambda: eng.requests[s.rid].owner is Owner.CPU
+                             and eng.requests[s.rid].in_flight == "cpu")
+            else:  # a GPU request evicted to the host while its copy is in flight
+                blockers = [eng.add_request([1] * 4, _params(), 1000) for _ in range(3)]
+                s = blockers[-1]
+                await _until(lambda: s.rid in eng.requests and
+                             eng.requests[s.rid].owner is Owner.CPU
+                             and eng.requests[s.rid].in_flight == "gpu", timeout=10)
+            eng.abort(s.rid)
+            deltas = await asyncio.wait_for(_drain(s), 5)
+            assert deltas[-1].finished and deltas[-1].finish_reason == "abort"
+            for b in blockers:
+                if b is not s:
+                    eng.abort(b.rid)
+            await asyncio.wait_for(asyncio.gather(*(_drain(b) for b in blockers if b is not s)),
+                                   5)
+            await asyncio.sleep(0.1)
+            assert eng.state.gpu_pool.num_used == 0 and eng.state.host_pool.num_used == 0
+            assert not eng.requests
+        finally:
+            await eng.stop()
+
+    asyncio.run(main())
