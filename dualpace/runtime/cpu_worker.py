@@ -73,9 +73,12 @@ class CpuWorker:
         n = m.cfg.num_layers
         hidden = m.pre_layer(fb.input_ids)
         tokens = None
+        attn_s = 0.0
         for i in range(n):
             q = m.pre_attention(i, hidden, fb, self.kv)
+            ta = time.perf_counter()
             attn = m.attention(i, q, fb, self.kv)
+            attn_s += time.perf_counter() - ta
             if route != FUSED_ASSIST:
                 hidden = m.post_attention(i, hidden, attn)
             elif i < n - 1:
@@ -94,7 +97,8 @@ class CpuWorker:
         self.assist_calls += calls
         self.routes[route] += 1
         return StepDone(step_id=msg.step_id, tokens=tokens, route=route, assist_calls=calls,
-                        elapsed_us=int((time.perf_counter() - t0) * 1e6))
+                        elapsed_us=int((time.perf_counter() - t0) * 1e6),
+                        attn_us=int(attn_s * 1e6))
 
     def _assist(self, op, layer, hidden, attn, rows):
         out = self.assist.call(op, layer, hidden.float(), None if attn is None else attn.float(),

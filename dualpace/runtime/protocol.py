@@ -99,6 +99,7 @@ class StepDone(_Msg, tag=10):
     route: str = ""
     assist_calls: int = 0
     elapsed_us: int = 0
+    attn_us: int = 0  # CPU worker: time in the paged-attention stages (Eq. 1's T_ca)
 
 
 class StepFailed(_Msg, tag=11):
