@@ -31,6 +31,7 @@ class GpuPlan:
     swap_out: list[Move] = field(default_factory=list)
     swap_in: list[Move] = field(default_factory=list)
     preempted: list[EngineRequest] = field(default_factory=list)  # gpu-only recompute
+    host_planned: int = 0  # B_C^planned: host blocks this round's swap-outs and P2C take
 
     @property
     def empty(self) -> bool:
@@ -80,15 +81,14 @@ def step2_next_token_feasibility(st: SchedulerState, plan: GpuPlan, b: _Budget) 
     if st.policy == "gpu-only":
         return _recompute_preempt(st, plan, b, decodes)
     deficit = need - b.free
-    host_planned = 0
     for r in reversed(decodes):
         if deficit <= 0:
             break
         n = blocks_for_tokens(r.num_tokens - 1, st.host_pool.block_size)
         # Evictions may use the migration reserve: that is what it was kept for.
-        if st.host_fits(planned=host_planned + n, migration=0):
+        if st.host_fits(planned=plan.host_planned + n, migration=0):
             plan.swap_out.append(Move(r, list(r.blocks), [], r.num_tokens - 1))
-            host_planned += n
+            plan.host_planned += n
             deficit -= len(r.blocks) + r.blocks_for_next()
     victims = {m.req.rid for m in plan.swap_out}
     remaining = [r for r in decodes if r.rid not in victims]
@@ -166,7 +166,6 @@ def step5_admit_prefills(st: SchedulerState, plan: GpuPlan, b: _Budget) -> None:
             b.tokens -= n
             b.rows -= 1
     to_cpu_mode = False
-    host_planned = 0
     staging = st.limits.staging_blocks
     for r in st.gpu_waiting:
         if r.finished:
@@ -192,11 +191,11 @@ def step5_admit_prefills(st: SchedulerState, plan: GpuPlan, b: _Budget) -> None:
         n_host = blocks_for_tokens(total, st.host_pool.block_size)
         if total > b.tokens or n_host > staging or cpu_owned >= st.limits.max_num_seqs:
             break
-        if not st.host_fits(planned=host_planned + n_host):
+        if not st.host_fits(planned=plan.host_planned + n_host):
             break
         plan.to_cpu.append(r)
         to_cpu_mode = True
-        host_planned += n_host
+        plan.host_planned += n_host
         staging -= n_host
         b.tokens -= total
         b.rows -= 1
