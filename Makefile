@@ -33,7 +33,7 @@ test: install
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 serve: install
-	$(VENV)/bin/dualpace generate $(SERVE_ARGS)
+	$(VENV)/bin/dualpace serve $(SERVE_ARGS)
 
 clean:
 	rm -rf build *.egg-info dualpace/kernels/_dualpace_cext* $(CEXT_STAMP)

@@ -61,12 +61,44 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import os
+
+    from dualpace.server.serve import serve
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    model = _model_dir(args)
+    config = EngineConfig.from_options(model, **_engine_options(args))
+    api_key = args.api_key or os.environ.get("DUALPACE_API_KEY") or None
+    name = args.served_model_name or (os.path.basename(model.rstrip("/")) if args.model
+                                      else "dualpace-demo")
+    return asyncio.run(serve(config, args.host, args.port, name, api_key,
+                             args.max_queued_requests, args.drain_timeout))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dualpace", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("make-demo-model", help="write the random-weight demo checkpoint")
     p.add_argument("dir")
     p.set_defaults(func=cmd_make_demo_model)
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (SSE streaming)")
+    _add_engine_flags(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None,
+                   help="model id clients use (default: the model directory's name)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1/* (also DUALPACE_API_KEY)")
+    p.add_argument("--max-queued-requests", type=int, default=0,
+                   help="requests in flight before new ones get 503 (0: no limit)")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="seconds SIGTERM waits for in-flight requests")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=cmd_serve)
     p = sub.add_parser("generate", help="offline generation for the given prompts")
     _add_engine_flags(p)
     p.add_argument("--prompt", action="append", help="a prompt (repeatable)")

@@ -56,6 +56,7 @@ class RequestStream:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     emitted: int = 0  # characters of detok.text already sent
     num_output_tokens: int = 0
+    last_reason: str | None = None  # the consumer's record of the finish reason
     closed: bool = False  # the final delta was produced
     done: bool = False  # the consumer received it
 

@@ -1,0 +1,284 @@
+"""The OpenAI-compatible HTTP front end (aiohttp), with SSE streaming as vLLM serves it.
+
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /health, /metrics,
+/version. Every error is OpenAI-shaped; a client that goes away aborts its requests at once
+(handler cancellation, or a failed write while streaming) so their KV is freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+
+from aiohttp import web
+
+from dualpace import __version__
+from dualpace.engine.llm_engine import EngineDead
+from dualpace.engine.serving import EngineUnavailable, ServingEngine
+from dualpace.server.errors import APIError, bad_request
+from dualpace.server.requests import (
+    chat_prompt,
+    check_model,
+    completion_prompts,
+    sampling_params,
+    stream_flags,
+)
+
+log = logging.getLogger("dualpace.server")
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+               "Connection": "keep-alive"}
+
+
+def _sse(obj) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+class Server:
+    def __init__(self, serving: ServingEngine, model_name: str, api_key: str | None = None,
+                 max_queued_requests: int = 0, max_body_bytes: int = 4 << 20):
+        self.serving = serving
+        self.model_name = model_name
+        self.api_key = api_key or None
+        self.max_queued = max_queued_requests
+        self.in_flight = 0
+        self.draining = False
+        self.created = int(time.time())
+        self.app = web.Application(middlewares=[self._errors, self._auth],
+                                   client_max_size=max_body_bytes)
+        self.app.router.add_post("/v1/completions", self.completions)
+        self.app.router.add_post("/v1/chat/completions", self.chat)
+        self.app.router.add_get("/v1/models", self.models)
+        self.app.router.add_get("/health", self.health)
+        self.app.router.add_get("/metrics", self.metrics)
+        self.app.router.add_get("/version", self.version)
+
+    # --- middlewares -------------------------------------------------------------------------
+    @web.middleware
+    async def _errors(self, request: web.Request, handler):
+        try:
+            return await handler(request)
+        except APIError as e:
+            return e.response()
+        except web.HTTPRequestEntityTooLarge as e:
+            return APIError(413, f"request body too large (limit {e.max_size} bytes)").response()
+        except web.HTTPMethodNotAllowed as e:
+            return APIError(405, f"method {request.method} not allowed for {request.path}",
+                            headers={"Allow": ",".join(sorted(e.allowed_methods))}).response()
+        except web.HTTPNotFound:
+            return APIError(404, f"no route {request.path}").response()
+        except web.HTTPException as e:
+            return APIError(e.status, e.reason or "error").response()
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler):
+        if self.api_key and request.path.startswith("/v1/"):
+            got = request.headers.get("Authorization", "")
+            if not secrets.compare_digest(got, f"Bearer {self.api_key}"):
+                raise APIError(401, "invalid or missing API key")
+        return await handler(request)
+
+    # --- helpers -------------------------------------------------------------------------------
+    async def _body(self, request: web.Request) -> dict:
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise bad_request("request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise bad_request("request body must be a JSON object")
+        return body
+
+    def _admit(self, n: int) -> None:
+        retry = {"Retry-After": "1"}
+        if self.draining:
+            raise APIError(503, "server is shutting down", headers=retry)
+        if self.serving.engine is None or self.serving.engine.dead:
+            raise APIError(503, "engine is not available", headers=retry)
+        if self.max_queued and self.in_flight + n > self.max_queued:
+            raise APIError(503, f"too many requests in flight (limit {self.max_queued})",
+                           headers=retry)
+
+    def _start(self, prompts: list[list[int]], params) -> list:
+        streams = []
+        try:
+            for p in prompts:
+                streams.append(self.serving.add_request(p, params))
+        except ValueError as e:
+            for s in streams:
+                self.serving.abort(s.rid)
+            param = "prompt" if str(e).startswith("prompt") else None
+            raise bad_request(str(e), param) from None
+        except (EngineDead, EngineUnavailable) as e:
+            for s in streams:
+                self.serving.abort(s.rid)
+            raise APIError(503, str(e), headers={"Retry-After": "1"}) from None
+        self.in_flight += len(streams)
+        return streams
+
+    def _done(self, stream, t0: float, first: float | None, kind: str) -> None:
+        self.in_flight -= 1
+        ttft = f"{(first - t0) * 1e3:.1f}ms" if first else "-"
+        log.info("%s req=%d prompt_tokens=%d output_tokens=%d ttft=%s finish=%s", kind,
+                 stream.rid, stream.num_prompt_tokens, stream.num_output_tokens, ttft,
+                 "abort" if not stream.done else stream.last_reason)
+
+    # --- /v1/completions -----------------------------------------------------------------------
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        model = check_model(body, self.model_name)
+        prompts, _ = completion_prompts(body, self.serving.tokenizer)
+        params = sampling_params(body, 16)
+        stream, include_usage = stream_flags(body)
+        self._admit(len(prompts))
+        streams = self._start(prompts, params)
+        meta = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()),
+                "model": model}
+
+        def choice(i, delta):
+            return {"index": i, "text": delta.text, "logprobs": None,
+                    "finish_reason": delta.finish_reason if delta.finished else None,
+                    "stop_reason": None}
+
+        if stream:
+            return await self._stream(request, streams, meta, "text_completion", choice,
+                                      include_usage, chat=False)
+        outs = await self._collect(streams, "completion")
+        usage = self._usage(streams)
+        return web.json_response({**meta, "object": "text_completion", "choices": [
+            {"index": i, "text": text, "logprobs": None, "finish_reason": reason,
+             "stop_reason": None} for i, (text, reason) in enumerate(outs)], "usage": usage})
+
+    # --- /v1/chat/completions ------------------------------------------------------------------
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        model = check_model(body, self.model_name)
+        prompt = chat_prompt(body, self.serving.tokenizer)
+        params = sampling_params(body, None, ("max_tokens", "max_completion_tokens"))
+        stream, include_usage = stream_flags(body)
+        self._admit(1)
+        streams = self._start([prompt], params)
+        meta = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()),
+                "model": model}
+        sent_role = [False]
+
+        def choice(i, delta):
+            d = {"content": delta.text}
+            if not sent_role[0]:
+                d = {"role": "assistant", **d}
+                sent_role[0] = True
+            return {"index": i, "delta": d, "logprobs": None,
+                    "finish_reason": delta.finish_reason if delta.finished else None}
+
+        if stream:
+            return await self._stream(request, streams, meta, "chat.completion.chunk", choice,
+                                      include_usage, chat=True)
+        (text, reason), = await self._collect(streams, "chat")
+        return web.json_response({**meta, "object": "chat.completion", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+             "finish_reason": reason}], "usage": self._usage(streams)})
+
+    # --- shared response paths -----------------------------------------------------------------
+    @staticmethod
+    def _usage(streams) -> dict:
+        p = sum(s.num_prompt_tokens for s in streams)
+        c = sum(s.num_output_tokens for s in streams)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    async def _collect(self, streams, kind: str) -> list[tuple[str, str]]:
+        t0 = time.monotonic()
+
+        async def one(s):
+            text, reason, first, error = [], None, None, None
+            try:
+                async for d in s:
+                    if first is None and d.token_ids:
+                        first = time.monotonic()
+                    text.append(d.text)
+                    if d.finished:
+                        reason, error = d.finish_reason, d.error
+                        s.last_reason = reason
+            finally:
+                if not s.done:
+                    self.serving.abort(s.rid)
+                self._done(s, t0, first, kind)
+            if error:
+                raise APIError(503, f"request failed: {error}", headers={"Retry-After": "1"})
+            return "".join(text), reason
+
+        return list(await asyncio.gather(*(one(s) for s in streams)))
+
+    async def _stream(self, request, streams, meta, obj: str, choice, include_usage: bool,
+                      chat: bool) -> web.StreamResponse:
+        resp = web.StreamResponse(headers=SSE_HEADERS)
+        t0 = time.monotonic()
+        firsts: dict[int, float] = {}
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i, s):
+            try:
+                async for d in s:
+                    await queue.put((i, s, d))
+            finally:
+                await queue.put((i, s, None))
+
+        pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+        open_streams = len(streams)
+        try:
+            await resp.prepare(request)
+            while open_streams:
+                i, s, d = await queue.get()
+                if d is None:
+                    open_streams -= 1
+                    continue
+                if d.error:
+                    await resp.write(_sse({"error": APIError(503, d.error).body()["error"]}))
+                    continue
+                if d.token_ids and s.rid not in firsts:
+                    firsts[s.rid] = time.monotonic()
+                if d.finished:
+                    s.last_reason = d.finish_reason
+                if not d.text and not d.finished:
+                    continue  # a held-back token: nothing to show yet
+                await resp.write(_sse({**meta, "object": obj, "choices": [choice(i, d)]}))
+            if include_usage:
+                await resp.write(_sse({**meta, "object": obj, "choices": [],
+                                       "usage": self._usage(streams)}))
+            await resp.write(b"data: [DONE]\n\n")
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        finally:
+            for p in pumps:
+                p.cancel()
+            for s in streams:
+                if not s.done:
+                    self.serving.abort(s.rid)
+                self._done(s, t0, firsts.get(s.rid), "chat" if chat else "completion")
+        return resp
+
+    # --- GET routes ---------------------------------------------------------------------------
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{
+            "id": self.model_name, "object": "model", "created": self.created,
+            "owned_by": "dualpace", "root": self.serving.config.model, "parent": None,
+            "max_model_len": self.serving.max_model_len, "permission": []}]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        eng = self.serving.engine
+        if self.draining:
+            return web.json_response({"status": "draining"}, status=503)
+        if eng is None or eng.dead or not self.serving.runtime.available.is_set():
+            return web.json_response({"status": "unavailable",
+                                      "reason": eng.dead if eng else "starting"}, status=503)
+        return web.json_response({"status": "ok"})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        eng = self.serving.engine
+        text = eng.metrics.render() if eng else ""
+        return web.Response(text=text, content_type="text/plain", charset="utf-8",
+                            headers={"X-Content-Type-Options": "nosniff"})
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": __version__})

@@ -1,0 +1,153 @@
+"""Validation of OpenAI request bodies into prompts and SamplingParams (vLLM's behaviour:
+unknown fields are ignored, every malformed or out-of-range field is a 400 naming it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dualpace.sampling.params import SamplingParams
+from dualpace.server.errors import APIError, bad_request
+
+
+@dataclass
+class ParsedRequest:
+    model: str
+    prompts: list[list[int]]  # token ids, one per choice
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    echo_prompts: list[str]
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _opt(body: dict, name: str, kind, default):
+    if name not in body or body[name] is None:
+        return default
+    v = body[name]
+    ok = {"int": _is_int(v), "num": _is_int(v) or isinstance(v, float),
+          "bool": isinstance(v, bool), "str": isinstance(v, str)}[kind]
+    if not ok:
+        raise bad_request(f"'{name}' must be of type {kind}", name)
+    return v
+
+
+def sampling_params(body: dict, max_tokens_default: int | None,
+                    names: tuple[str, ...] = ("max_tokens",)) -> SamplingParams:
+    n = _opt(body, "n", "int", 1)
+    if n != 1:
+        raise bad_request("only n=1 is supported", "n")
+    max_tokens = max_tokens_default
+    for name in names:
+        v = _opt(body, name, "int", None)
+        if v is not None:
+            max_tokens = v
+            if v < 1:
+                raise bad_request(f"'{name}' must be at least 1, got {v}", name)
+    stop = body.get("stop")
+    if stop is not None and not (isinstance(stop, str) or (
+            isinstance(stop, list) and all(isinstance(s, str) for s in stop))):
+        raise bad_request("'stop' must be a string or a list of strings", "stop")
+    stop_ids = body.get("stop_token_ids")
+    if stop_ids is not None and not (isinstance(stop_ids, list) and all(
+            _is_int(t) for t in stop_ids)):
+        raise bad_request("'stop_token_ids' must be a list of integers", "stop_token_ids")
+    try:
+        return SamplingParams(
+            n=1,
+            temperature=float(_opt(body, "temperature", "num", 1.0)),
+            top_p=float(_opt(body, "top_p", "num", 1.0)),
+            top_k=_opt(body, "top_k", "int", -1),
+            seed=_opt(body, "seed", "int", None),
+            max_tokens=max_tokens,
+            stop=stop or (),
+            stop_token_ids=stop_ids or (),
+            ignore_eos=_opt(body, "ignore_eos", "bool", False),
+        )
+    except ValueError as e:
+        field = str(e).split(":", 1)[0]
+        raise bad_request(str(e), field) from None
+
+
+def stream_flags(body: dict) -> tuple[bool, bool]:
+    stream = _opt(body, "stream", "bool", False)
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise bad_request("'stream_options' must be an object", "stream_options")
+    include_usage = False
+    if opts:
+        include_usage = opts.get("include_usage", False)
+        if not isinstance(include_usage, bool):
+            raise bad_request("'stream_options.include_usage' must be a boolean",
+                              "stream_options")
+    return stream, include_usage
+
+
+def check_model(body: dict, served: str) -> str:
+    model = body.get("model", served)
+    if model is None:
+        return served
+    if not isinstance(model, str):
+        raise bad_request("'model' must be a string", "model")
+    if model != served:
+        raise APIError(404, f"The model `{model}` does not exist.", "model")
+    return model
+
+
+def completion_prompts(body: dict, tokenizer) -> tuple[list[list[int]], list[str]]:
+    if "prompt" not in body:
+        raise bad_request("'prompt' is required", "prompt")
+    p = body["prompt"]
+    if isinstance(p, str) or (isinstance(p, list) and p and all(_is_int(t) for t in p)):
+        items = [p]
+    elif isinstance(p, list) and p and (
+            all(isinstance(x, str) for x in p)
+            or all(isinstance(x, list) and all(_is_int(t) for t in x) for x in p)):
+        items = p
+    else:
+        raise bad_request("'prompt' must be a string, a list of strings, a list of token "
+                          "ids or a list of token-id lists, and not empty", "prompt")
+    prompts, texts = [], []
+    for it in items:
+        if isinstance(it, str):
+            if not it:
+                raise bad_request("'prompt' must not be empty", "prompt")
+            prompts.append(tokenizer.encode(it))
+            texts.append(it)
+        else:
+            if not it:
+                raise bad_request("'prompt' must not be empty", "prompt")
+            prompts.append(list(it))
+            texts.append(tokenizer.decode(list(it)))
+    return prompts, texts
+
+
+def chat_prompt(body: dict, tokenizer) -> list[int]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad_request("'messages' must be a non-empty list", "messages")
+    norm = []
+    for m in msgs:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise bad_request("each message needs a string 'role'", "messages")
+        content = m.get("content")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if not (isinstance(part, dict) and part.get("type") == "text"
+                        and isinstance(part.get("text"), str)):
+                    raise bad_request("only text content parts are supported", "messages")
+                parts.append(part["text"])
+            content = "".join(parts)
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise bad_request("message 'content' must be a string or a list of text parts",
+                              "messages")
+        norm.append({"role": m["role"], "content": content})
+    try:
+        return tokenizer.encode_chat(norm, add_generation_prompt=True)
+    except ValueError as e:
+        raise bad_request(str(e), "messages") from None

@@ -1,0 +1,93 @@
+"""``dualpace serve``: the engine, its workers and the HTTP front end in one process.
+
+SIGTERM/SIGINT only set a flag. Draining then stops accepting (new requests get 503), lets
+in-flight requests finish up to --drain-timeout, stops the workers, releases all shared
+memory and exits 0. systemd: READY=1 once the model is loaded, WATCHDOG=1 at half of
+WATCHDOG_USEC from a task that skips the ping when the engine loops are stuck, STOPPING=1 on
+drain. If the workers fail past the restart bound, the server exits non-zero so systemd
+restarts the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+
+from aiohttp import web
+
+from dualpace.config import EngineConfig
+from dualpace.engine.serving import ServingEngine
+from dualpace.server.app import Server
+from dualpace.server.systemd import Notifier
+
+log = logging.getLogger("dualpace.server")
+
+
+async def _engine_alive(serving: ServingEngine, timeout: float = 5.0) -> bool:
+    """The engine loops answer: a control round trip to a worker through the same loop."""
+    if serving.engine is None or serving.engine.dead:
+        return False
+    if not serving.runtime.available.is_set():
+        return True  # restarting: alive, just busy
+    try:
+        await asyncio.wait_for(serving.runtime.ping("gpu", 0), timeout)
+    except (TimeoutError, asyncio.TimeoutError, KeyError):
+        return False
+    return True
+
+
+async def _watchdog(notifier: Notifier, serving: ServingEngine) -> None:
+    while True:
+        await asyncio.sleep(notifier.watchdog_interval)
+        if await _engine_alive(serving, timeout=notifier.watchdog_interval):
+            notifier.watchdog()
+        else:
+            log.error("engine not responding: withholding the watchdog ping")
+
+
+async def serve(config: EngineConfig, host: str, port: int, model_name: str,
+                api_key: str | None, max_queued_requests: int, drain_timeout: float) -> int:
+    notifier = Notifier()
+    notifier.status("loading model")
+    serving = ServingEngine(config)
+    try:
+        await serving.start()
+    except BaseException:
+        await serving.runtime.stop()
+        raise
+    server = Server(serving, model_name, api_key, max_queued_requests)
+    runner = web.AppRunner(server.app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    log.info("serving %s on http://%s:%d (policy %s)", model_name, host, port, config.policy)
+    notifier.ready(f"serving {model_name} on {host}:{port}")
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    tasks = []
+    if notifier.watchdog_interval:
+        tasks.append(asyncio.create_task(_watchdog(notifier, serving)))
+    dead = asyncio.create_task(serving.runtime.dead.wait())
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait([dead, stopped], return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if dead.done():
+        log.error("workers failed past the restart bound: %s", serving.runtime.failure)
+        code = 1
+    else:
+        server.draining = True
+        notifier.stopping(f"draining {server.in_flight} request(s)")
+        deadline = time.monotonic() + drain_timeout
+        while server.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if server.in_flight:
+            log.warning("drain timeout: aborting %d request(s)", server.in_flight)
+    for t in [*tasks, dead, stopped]:
+        t.cancel()
+    await runner.cleanup()
+    await serving.stop()
+    return code
