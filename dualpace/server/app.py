@@ -46,6 +46,7 @@ class Server:
         self.in_flight = 0
         self.draining = False
         self.created = int(time.time())
+        self.max_body = max_body_bytes
         self.app = web.Application(middlewares=[self._errors, self._auth],
                                    client_max_size=max_body_bytes)
         self.app.router.add_post("/v1/completions", self.completions)
@@ -62,8 +63,9 @@ class Server:
             return await handler(request)
         except APIError as e:
             return e.response()
-        except web.HTTPRequestEntityTooLarge as e:
-            return APIError(413, f"request body too large (limit {e.max_size} bytes)").response()
+        except web.HTTPRequestEntityTooLarge:
+            return APIError(413, f"request body too large (limit {self.max_body} bytes)"
+                            ).response()
         except web.HTTPMethodNotAllowed as e:
             return APIError(405, f"method {request.method} not allowed for {request.path}",
                             headers={"Allow": ",".join(sorted(e.allowed_methods))}).response()
@@ -71,6 +73,11 @@ class Server:
             return APIError(404, f"no route {request.path}").response()
         except web.HTTPException as e:
             return APIError(e.status, e.reason or "error").response()
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception:  # a bug: still an OpenAI-shaped answer, and logged
+            log.exception("unhandled error for %s %s", request.method, request.path)
+            return APIError(500, "internal error").response()
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):
@@ -129,7 +136,7 @@ class Server:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         model = check_model(body, self.model_name)
-        prompts, _ = completion_prompts(body, self.serving.tokenizer)
+        prompts = completion_prompts(body, self.serving.tokenizer)
         params = sampling_params(body, 16)
         stream, include_usage = stream_flags(body)
         self._admit(len(prompts))

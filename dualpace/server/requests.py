@@ -3,20 +3,8 @@ unknown fields are ignored, every malformed or out-of-range field is a 400 namin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from dualpace.sampling.params import SamplingParams
 from dualpace.server.errors import APIError, bad_request
-
-
-@dataclass
-class ParsedRequest:
-    model: str
-    prompts: list[list[int]]  # token ids, one per choice
-    params: SamplingParams
-    stream: bool
-    include_usage: bool
-    echo_prompts: list[str]
 
 
 def _is_int(x) -> bool:
@@ -96,7 +84,7 @@ def check_model(body: dict, served: str) -> str:
     return model
 
 
-def completion_prompts(body: dict, tokenizer) -> tuple[list[list[int]], list[str]]:
+def completion_prompts(body: dict, tokenizer) -> list[list[int]]:
     if "prompt" not in body:
         raise bad_request("'prompt' is required", "prompt")
     p = body["prompt"]
@@ -109,19 +97,13 @@ def completion_prompts(body: dict, tokenizer) -> tuple[list[list[int]], list[str
     else:
         raise bad_request("'prompt' must be a string, a list of strings, a list of token "
                           "ids or a list of token-id lists, and not empty", "prompt")
-    prompts, texts = [], []
+    prompts = []
     for it in items:
-        if isinstance(it, str):
-            if not it:
-                raise bad_request("'prompt' must not be empty", "prompt")
-            prompts.append(tokenizer.encode(it))
-            texts.append(it)
-        else:
-            if not it:
-                raise bad_request("'prompt' must not be empty", "prompt")
-            prompts.append(list(it))
-            texts.append(tokenizer.decode(list(it)))
-    return prompts, texts
+        if not it:
+            raise bad_request("'prompt' must not be empty", "prompt")
+        # Token ids are range-checked against the vocabulary by the engine.
+        prompts.append(tokenizer.encode(it) if isinstance(it, str) else list(it))
+    return prompts
 
 
 def chat_prompt(body: dict, tokenizer) -> list[int]:

@@ -1,0 +1,83 @@
+"""A real ``dualpace serve`` process on a random port, on a small demo checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from dualpace.demo_model import DemoSpec, make_demo_model
+
+SMALL = DemoSpec(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                 intermediate_size=256, max_position_embeddings=512)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, model: str, *flags: str, env: dict | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dualpace", "serve", "--model", model, "--port",
+             str(self.port), "--gpu-device", "cpu", "--gpu-kv-blocks", "64",
+             "--cpu-kv-gib", "0.05", "--served-model-name", "tiny", *flags],
+            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.proc.stdout.read()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("server did not become healthy")
+
+    def get_json(self, path: str):
+        with urllib.request.urlopen(self.url + path, timeout=10) as r:
+            return json.loads(r.read())
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                k, v = line.rsplit(" ", 1)
+                out[k] = float(v)
+        return out
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    return str(make_demo_model(tmp_path_factory.mktemp("tiny"), SMALL))
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model):
+    s = ServerProcess(tiny_model, "--max-num-seqs", "64")
+    yield s
+    s.stop()

@@ -1,0 +1,210 @@
+"""Malformed input, dropped clients, the queue limit, API keys, drain and systemd notify."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import aiohttp
+import pytest
+
+from .conftest import ServerProcess
+
+C, CH = "/v1/completions", "/v1/chat/completions"
+MSG = [{"role": "user", "content": "hi"}]
+LONG = "x" * (5 << 20)
+
+BAD = [  # (path, method, raw body or JSON, expected status, expected param or None)
+    (C, "POST", b"not json", 400, None),
+    (C, "POST", b"[1, 2]", 400, None),
+    (C, "POST", {}, 400, "prompt"),
+    (C, "POST", {"prompt": ""}, 400, "prompt"),
+    (C, "POST", {"prompt": []}, 400, "prompt"),
+    (C, "POST", {"prompt": [[]]}, 400, "prompt"),
+    (C, "POST", {"prompt": 5}, 400, "prompt"),
+    (C, "POST", {"prompt": [1, "a"]}, 400, "prompt"),
+    (C, "POST", {"prompt": [999999]}, 400, "prompt"),
+    (C, "POST", {"prompt": [-1]}, 400, "prompt"),
+    (C, "POST", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    (C, "POST", {"prompt": "hi", "max_tokens": -5}, 400, "max_tokens"),
+    (C, "POST", {"prompt": "hi", "max_tokens": "10"}, 400, "max_tokens"),
+    (C, "POST", {"prompt": "hi", "max_tokens": 100000}, 400, None),
+    (C, "POST", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
+    (C, "POST", {"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+    (C, "POST", {"prompt": "hi", "top_p": 0}, 400, "top_p"),
+    (C, "POST", {"prompt": "hi", "top_p": 2}, 400, "top_p"),
+    (C, "POST", {"prompt": "hi", "top_k": -7}, 400, "top_k"),
+    (C, "POST", {"prompt": "hi", "seed": -1}, 400, "seed"),
+    (C, "POST", {"prompt": "hi", "seed": 1.5}, 400, "seed"),
+    (C, "POST", {"prompt": "hi", "n": 3}, 400, "n"),
+    (C, "POST", {"prompt": "hi", "stop": 5}, 400, "stop"),
+    (C, "POST", {"prompt": "hi", "stop": [""]}, 400, "stop"),
+    (C, "POST", {"prompt": "hi", "stop_token_ids": ["a"]}, 400, "stop_token_ids"),
+    (C, "POST", {"prompt": "hi", "stream": "yes"}, 400, "stream"),
+    (C, "POST", {"prompt": "hi", "stream_options": 3}, 400, "stream_options"),
+    (C, "POST", {"prompt": "hi", "ignore_eos": 1}, 400, "ignore_eos"),
+    (C, "POST", {"prompt": "hi", "model": "gpt-9"}, 404, "model"),
+    (C, "POST", {"prompt": "hi", "model": 3}, 400, "model"),
+    (CH, "POST", {}, 400, "messages"),
+    (CH, "POST", {"messages": []}, 400, "messages"),
+    (CH, "POST", {"messages": "hi"}, 400, "messages"),
+    (CH, "POST", {"messages": [{"content": "no role"}]}, 400, "messages"),
+    (CH, "POST", {"messages": [{"role": "user", "content": 5}]}, 400, "messages"),
+    (CH, "POST", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "messages"),
+    (CH, "POST", {"messages": MSG, "max_completion_tokens": 0}, 400, "max_completion_tokens"),
+    (C, "GET", None, 405, None),
+    ("/v1/nothing", "GET", None, 404, None),
+    ("/health", "POST", b"{}", 405, None),
+    (C, "POST", json.dumps({"prompt": LONG}).encode(), 413, None),
+]
+
+
+def _request(server, path, method, body, headers=None):
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    req = urllib.request.Request(server.url + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read() or b"null"), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null"), dict(e.headers)
+
+
+def test_malformed_requests_get_openai_errors(server):
+    assert len(BAD) >= 30
+    for path, method, body, status, param in BAD:
+        got, payload, _ = _request(server, path, method, body)
+        assert got == status, (path, body if not isinstance(body, bytes) else body[:40], payload)
+        err = payload["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["code"] == status
+        if param is not None:
+            assert err["param"] == param, (body, err)
+    ok, payload, _ = _request(server, C, "POST", {"prompt": "hi", "max_tokens": 2})
+    assert ok == 200 and payload["choices"][0]["text"] is not None
+    assert server.get_json("/health")["status"] == "ok"
+
+
+def test_context_length_error_uses_vllm_wording(server):
+    status, payload, _ = _request(server, C, "POST", {"prompt": [65] * 500, "max_tokens": 100})
+    assert status == 400
+    assert "This model's maximum context length is 512 tokens" in payload["error"]["message"]
+
+
+def test_dropped_streams_free_their_kv(server):
+    async def drop_one(session):
+        body = {"model": "tiny", "prompt": "Hello there", "max_tokens": 400, "stream": True,
+                "ignore_eos": True}
+        async with session.post(server.url + C, json=body) as r:
+            async for line in r.content:
+                if line.startswith(b"data: {"):
+                    return  # first token seen: hang up
+
+    async def main():
+        async with aiohttp.ClientSession() as s:
+            await asyncio.gather(*(drop_one(s) for _ in range(50)))
+
+    asyncio.run(main())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        m = server.metrics()
+        busy = (m['dualpace:kv_blocks_used{tier="gpu"}'] + m['dualpace:kv_blocks_used{tier="cpu"}']
+                + m['dualpace:num_requests_running{engine="gpu"}']
+                + m['dualpace:num_requests_running{engine="cpu"}'])
+        if busy == 0:
+            break
+        time.sleep(0.1)
+    assert busy == 0, m
+    assert m['dualpace:request_success_total{finished_reason="abort"}'] >= 50
+
+
+def test_queue_limit_and_api_key(tiny_model):
+    s = ServerProcess(tiny_model, "--max-queued-requests", "2", "--api-key", "sekret")
+    try:
+        auth = {"Authorization": "Bearer sekret"}
+        assert _request(s, C, "POST", {"prompt": "hi"})[0] == 401
+        assert _request(s, C, "POST", {"prompt": "hi"}, {"Authorization": "Bearer no"})[0] == 401
+        assert _request(s, "/v1/models", "GET", None, auth)[0] == 200
+        assert s.get_json("/health")["status"] == "ok"  # only /v1/* needs the key
+        statuses = []
+
+        def slow():
+            statuses.append(_request(s, C, "POST", {"prompt": "hi", "max_tokens": 500,
+                                                    "ignore_eos": True}, auth))
+
+        threads = [threading.Thread(target=slow) for _ in range(2)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # both admitted and generating
+            m = s.metrics()
+            if m.get('dualpace:generation_tokens_total{engine="gpu"}', 0) + m.get(
+                    'dualpace:generation_tokens_total{engine="cpu"}', 0) >= 2:
+                break
+            time.sleep(0.01)
+        status, _payload, headers = _request(s, C, "POST", {"prompt": "hi"}, auth)
+        assert status == 503 and headers.get("Retry-After")
+        for t in threads:
+            t.join()
+        assert [st for st, _, _ in statuses] == [200, 200]
+    finally:
+        s.stop()
+
+
+def _shm():
+    return {n for n in os.listdir("/dev/shm") if n.startswith("dualpace-")}
+
+
+def test_sigterm_drains_and_notifies(tiny_model, tmp_path):
+    before = _shm()
+    sock_path = str(tmp_path / "notify.sock")
+    rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    rx.bind(sock_path)
+    rx.settimeout(0.2)
+    s = ServerProcess(tiny_model, env={"NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "400000"})
+    try:
+        result = {}
+
+        def inflight():
+            result["r"] = _request(s, C, "POST", {"prompt": "hi", "max_tokens": 500,
+                                                  "ignore_eos": True})
+
+        t = threading.Thread(target=inflight)
+        t.start()
+        time.sleep(0.3)  # the request is running; a watchdog ping has gone out
+        s.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.05)
+        status, payload, _ = _request(s, C, "POST", {"prompt": "late"})
+        health = _request(s, "/health", "GET", None)[0]
+        t.join(timeout=60)
+        assert status == 503 and "shutting down" in payload["error"]["message"]
+        assert health == 503
+        assert result["r"][0] == 200
+        assert result["r"][1]["choices"][0]["finish_reason"] == "length"
+        assert s.proc.wait(timeout=30) == 0
+    finally:
+        s.stop()
+    msgs = []
+    while True:
+        try:
+            msgs.append(rx.recv(4096).decode())
+        except TimeoutError:
+            break
+    rx.close()
+    joined = "\n".join(msgs)
+    assert "READY=1" in joined and "WATCHDOG=1" in joined and "STOPPING=1" in joined
+    assert "STATUS=" in joined
+    assert _shm() == before
+
+
+@pytest.mark.parametrize("route", ["/metrics", "/version", "/v1/models"])
+def test_get_routes_answer(server, route):
+    with urllib.request.urlopen(server.url + route, timeout=10) as r:
+        assert r.status == 200 and r.read()
