@@ -7,7 +7,7 @@ STAMP := $(VENV)/.dualpace-installed
 CEXT_SRC := $(wildcard cext/*.c cext/*.h cext/build.py)
 CEXT_STAMP := $(VENV)/.dualpace-cext
 
-.PHONY: install test lint serve clean build-ext demo-model
+.PHONY: install test lint serve clean build-ext install-service
 
 install: $(STAMP) $(CEXT_STAMP)
 
@@ -37,3 +37,17 @@ serve: install
 
 clean:
 	rm -rf build *.egg-info dualpace/kernels/_dualpace_cext* $(CEXT_STAMP)
+
+# Installs the service: code under /opt/dualpace, a dedicated user, the unit and the env file
+# (an existing /etc/dualpace/dualpace.env is kept). Run as root.
+PREFIX ?= /opt/dualpace
+install-service:
+	id -u dualpace >/dev/null 2>&1 || useradd --system --home-dir $(PREFIX) --shell /usr/sbin/nologin dualpace
+	mkdir -p $(PREFIX) /etc/dualpace
+	cp -a pyproject.toml Makefile README.md dualpace cext bin systemd $(PREFIX)/
+	$(MAKE) -C $(PREFIX) install
+	chown -R dualpace:dualpace $(PREFIX)
+	install -m 0644 systemd/dualpace.service /etc/systemd/system/dualpace.service
+	test -f /etc/dualpace/dualpace.env || install -m 0640 -g dualpace systemd/dualpace.env /etc/dualpace/dualpace.env
+	systemctl daemon-reload
+	@echo "installed: systemctl enable --now dualpace"
