@@ -33,6 +33,7 @@ FLAG_HELP = {
     "cpu_tp": "tensor-parallel ranks of the CPU worker group",
     "startup_timeout": "seconds for the workers to load and say hello",
     "max_restarts": "worker-group restarts before the server gives up",
+    "profile": "profile JSON (assist thresholds, batch limits, CPU dtype); flags win",
 }
 
 
@@ -58,6 +59,7 @@ class EngineConfig:
     cpu_tp: int = 1  # ... and of the CPU worker group
     startup_timeout: float = 120.0  # seconds for every worker to load and say hello
     max_restarts: int = 3  # worker-group restarts before the runtime gives up
+    profile: str = ""  # a `dualpace profile` JSON: thresholds and limits (flags win)
 
     def __post_init__(self):
         if self.gpu_device not in ("auto", "cpu") and not self.gpu_device.startswith("cuda"):

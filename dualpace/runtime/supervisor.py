@@ -28,6 +28,7 @@ from dualpace.config import EngineConfig
 from dualpace.kernels.futex import FutexWord
 from dualpace.kv.block_pool import blocks_for_tokens
 from dualpace.model.config import load_model_config
+from dualpace.profile_file import apply_profile
 from dualpace.runtime import protocol as P
 from dualpace.runtime.assist import AssistChannel
 from dualpace.runtime.client import WorkerClient, WorkerDied, WorkerGroup
@@ -66,6 +67,7 @@ class Sizing:
 
     @classmethod
     def resolve(cls, config: EngineConfig) -> Sizing:
+        config = apply_profile(config)
         mc = load_model_config(config.model)
         max_len = config.max_model_len or mc.max_position_embeddings
         device = config.torch_device()
