@@ -15,7 +15,7 @@ after it departed call k, so READY of k+1 always follows IDLE of k.
 
 from __future__ import annotations
 
-import os
+import functools
 import time
 from collections.abc import Callable
 
@@ -34,6 +34,7 @@ from dualpace.runtime.layouts import (
     OP_POST_LAYER,
     AssistLayout,
 )
+from dualpace.runtime.shm import process_alive
 from dualpace.sampling.sampler import SamplingRow
 
 SPIN = 4000  # pause iterations (~10-100 µs) before sleeping in the kernel
@@ -160,16 +161,7 @@ class AssistChannel:
 
 
 def pid_alive(pid: int) -> Callable[[], bool]:
-    def alive() -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
-    return alive
+    return functools.partial(process_alive, pid)
 
 
 def needs_group(op: int) -> bool:

@@ -26,7 +26,7 @@ _PREFIX = "dualpace-"
 _NAME_RE = re.compile(r"^dualpace-(\d+)-[0-9a-f]+(?:-.*)?$")
 
 
-def _pid_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -47,7 +47,7 @@ def sweep_stale() -> list[str]:
     candidates += [(p, p.name) for p in runtime_base().glob(_PREFIX + "*") if p.is_dir()]
     for path, name in candidates:
         m = _NAME_RE.match(name)
-        if not m or _pid_alive(int(m.group(1))):
+        if not m or process_alive(int(m.group(1))):
             continue
         try:
             if path.is_dir():
