@@ -1,0 +1,345 @@
+"""Load generator that behaves like `vllm bench serve`: replays an Azure trace or a random
+dataset against an OpenAI-compatible /v1/completions endpoint with SSE streaming.
+
+    python bench/loadgen.py --base-url http://127.0.0.1:8000 \\
+        --trace ../shared/traces/AzureLLMInferenceTrace_conv.csv --num-requests 200 \\
+        --request-rate 4 --clip-input 512 --clip-output 128 --save-result out.json --json
+
+Per request: TTFT (first chunk with content), every inter-token gap, TPOT, end-to-end
+latency, normalized latency (E2E / output tokens), output tokens from the usage chunk;
+failures are counted, never dropped. ``--sweep R1,R2,..`` runs several rates, reads off the
+sustainable rate for each target by linear interpolation between measured points (never
+extrapolated: a target outside the sweep gives null) and draws PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import itertools
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+# --- workload ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    prompt: list[int]
+    max_tokens: int
+    timestamp: float = 0.0  # seconds from the trace start (for --replay-timestamps)
+
+
+def load_trace(path: str, n: int, clip_in: int, clip_out: int, token_range: int,
+               seed: int) -> list[Job]:
+    rng = random.Random(seed)
+    jobs, t0 = [], None
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            if len(jobs) >= n:
+                break
+            ts = _parse_ts(row["TIMESTAMP"])
+            t0 = ts if t0 is None else t0
+            n_in = max(1, int(row["ContextTokens"]))
+            n_out = max(1, int(row["GeneratedTokens"]))
+            if clip_in:
+                n_in = min(n_in, clip_in)
+            if clip_out:
+                n_out = min(n_out, clip_out)
+            jobs.append(Job([rng.randrange(token_range) for _ in range(n_in)], n_out, ts - t0))
+    if not jobs:
+        raise SystemExit(f"loadgen: no rows in {path}")
+    return jobs
+
+
+def _parse_ts(text: str) -> float:
+    from datetime import datetime
+
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    head, _, frac = text.partition(".")
+    dt = datetime.strptime(head, "%Y-%m-%d %H:%M:%S")
+    return dt.timestamp() + (float("0." + frac.rstrip("0") or "0") if frac else 0.0)
+
+
+def random_jobs(n: int, in_len: int, out_len: int, range_ratio: float, token_range: int,
+                seed: int) -> list[Job]:
+    rng = random.Random(seed)
+
+    def draw(mean: int) -> int:
+        lo, hi = max(1, int(mean * (1 - range_ratio))), max(1, int(mean * (1 + range_ratio)))
+        return rng.randint(lo, hi)
+
+    return [Job([rng.randrange(token_range) for _ in range(draw(in_len))], draw(out_len))
+            for _ in range(n)]
+
+
+def arrival_times(jobs: list[Job], rate: float, burstiness: float, seed: int,
+                  replay: bool, scale: float) -> list[float]:
+    """Offsets (s) of each request: original gaps (scaled) with --replay-timestamps, else
+    gamma gaps (shape = burstiness; 1 = Poisson) normalised so N requests span N / rate."""
+    if replay:
+        return [j.timestamp * scale for j in jobs]
+    if math.isinf(rate):
+        return [0.0] * len(jobs)
+    rng = random.Random(seed)
+    theta = 1.0 / (rate * burstiness)
+    gaps = [rng.gammavariate(burstiness, theta) for _ in jobs]
+    total = sum(gaps)
+    norm = (len(jobs) / rate) / total if total > 0 else 0.0
+    out, t = [], 0.0
+    for g in gaps:
+        out.append(t)
+        t += g * norm
+    return out
+
+
+# --- one request -----------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    ok: bool = False
+    error: str = ""
+    input_len: int = 0
+    output_tokens: int = 0
+    ttft: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    e2e: float = 0.0
+    start: float = 0.0
+
+
+async def send(session: aiohttp.ClientSession, url: str, model: str | None, job: Job,
+               api_key: str | None) -> Result:
+    body = {"prompt": job.prompt, "max_tokens": job.max_tokens, "stream": True,
+            "ignore_eos": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
+    if model:
+        body["model"] = model
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    res = Result(input_len=len(job.prompt))
+    t0 = res.start = time.perf_counter()
+    last = None
+    try:
+        async with session.post(url + "/v1/completions", json=body, headers=headers) as r:
+            if r.status != 200:
+                res.error = f"HTTP {r.status}: {(await r.text())[:200]}"
+                return res
+            async for raw in r.content:
+                line = raw.strip()
+                if not line.startswith(b"data: "):
+                    continue
+                data = line[6:]
+                if data == b"[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    res.error = str(chunk["error"].get("message", chunk["error"]))
+                    return res
+                if chunk.get("usage"):
+                    res.output_tokens = chunk["usage"]["completion_tokens"]
+                if chunk.get("choices") and chunk["choices"][0].get("text"):
+                    now = time.perf_counter()
+                    if last is None:
+                        res.ttft = now - t0
+                    else:
+                        res.itl.append(now - last)
+                    last = now
+        res.e2e = time.perf_counter() - t0
+        res.ok = last is not None or res.output_tokens == 0
+        if not res.ok:
+            res.error = "no content received"
+    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as e:
+        res.error = f"{type(e).__name__}: {e}"
+    return res
+
+
+# --- a run at one rate -----------------------------------------------------------------------
+
+
+def _pct(xs: list[float], p: float) -> float:
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    k = (len(s) - 1) * p / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def summarize(results: list[Result], duration: float, detailed: bool) -> dict:
+    done = [r for r in results if r.ok]
+    out_tokens = [r.output_tokens for r in done]
+    tpots = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
+    itls = [g for r in done for g in r.itl]
+    norm = [r.e2e / r.output_tokens for r in done if r.output_tokens]
+    total_in = sum(r.input_len for r in done)
+    total_out = sum(out_tokens)
+    res = {
+        "completed": len(done), "failed": len(results) - len(done), "duration": duration,
+        "total_input_tokens": total_in, "total_output_tokens": total_out,
+        "request_throughput": len(done) / duration if duration else 0.0,
+        "output_throughput": total_out / duration if duration else 0.0,
+        "total_token_throughput": (total_in + total_out) / duration if duration else 0.0,
+    }
+    for name, xs in (("ttft_ms", [r.ttft for r in done]), ("tpot_ms", tpots),
+                     ("itl_ms", itls), ("e2el_ms", [r.e2e for r in done])):
+        ms = [x * 1e3 for x in xs]
+        res[f"mean_{name}"] = statistics.fmean(ms) if ms else 0.0
+        res[f"median_{name}"] = statistics.median(ms) if ms else 0.0
+        res[f"std_{name}"] = statistics.pstdev(ms) if ms else 0.0
+        res[f"p99_{name}"] = _pct(ms, 99)
+    res["mean_normalized_latency_s"] = statistics.fmean(norm) if norm else 0.0
+    res["p99_normalized_latency_s"] = _pct(norm, 99)
+    if detailed:
+        res.update({"input_lens": [r.input_len for r in results],
+                    "output_lens": [r.output_tokens for r in results],
+                    "ttfts": [r.ttft for r in results], "itls": [r.itl for r in results],
+                    "e2els": [r.e2e for r in results], "errors": [r.error for r in results]})
+    return res
+
+
+async def run_rate(args, jobs: list[Job], rate: float) -> dict:
+    offsets = arrival_times(jobs, rate, args.burstiness, args.seed, args.replay_timestamps,
+                            args.timestamp_scale)
+    sem = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
+    timeout = aiohttp.ClientTimeout(total=args.request_timeout)
+    results: list[Result] = [Result() for _ in jobs]
+    done = 0
+
+    async def one(i: int, job: Job, session) -> None:
+        nonlocal done
+        await asyncio.sleep(max(0.0, offsets[i] - (time.perf_counter() - t_start)))
+        if sem:
+            async with sem:
+                results[i] = await send(session, args.base_url, args.model, job, args.api_key)
+        else:
+            results[i] = await send(session, args.base_url, args.model, job, args.api_key)
+        done += 1
+        if not args.no_progress:
+            print(f"\r[rate {rate}] {done}/{len(jobs)} requests", end="", file=sys.stderr,
+                  flush=True)
+
+    async with aiohttp.ClientSession(timeout=timeout,
+                                     connector=aiohttp.TCPConnector(limit=0)) as session:
+        t_start = time.perf_counter()
+        await asyncio.gather(*(one(i, j, session) for i, j in enumerate(jobs)))
+        duration = time.perf_counter() - t_start
+    if not args.no_progress:
+        print(file=sys.stderr)
+    out = summarize(results, duration, args.save_detailed)
+    out["request_rate"] = rate
+    return out
+
+
+# --- sweeps ----------------------------------------------------------------------------------
+
+TARGETS = {"mean_normalized_latency_s": "target_normalized_latency",
+           "p99_ttft_ms": "target_p99_ttft_ms", "p99_itl_ms": "target_p99_itl_ms",
+           "p99_tpot_ms": "target_p99_tpot_ms"}
+
+
+def sustainable_rate(rates: list[float], values: list[float], target: float) -> float | None:
+    """The highest rate at which the metric is still <= target: the crossing of the target
+    with the segment joining two adjacent measured points (linear interpolation). None when
+    the target is not crossed inside the sweep: never extrapolated."""
+    pts = sorted(zip(rates, values))
+    if not pts or pts[0][1] > target:
+        return None
+    for (r0, v0), (r1, v1) in itertools.pairwise(pts):
+        if v0 <= target < v1:
+            return r0 + (target - v0) * (r1 - r0) / (v1 - v0)
+    return None  # never crossed inside the sweep: the rate lies beyond it
+
+
+def plot_sweep(runs: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = ["mean_normalized_latency_s", "p99_ttft_ms", "p99_itl_ms", "p99_tpot_ms"]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.5))
+    rates = [r["request_rate"] for r in runs]
+    for ax, m in zip(axes, metrics):
+        ax.plot(rates, [r[m] for r in runs], marker="o")
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_title(m)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base-url", default="http://127.0.0.1:8000")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--api-key", default=None)
+    ap.add_argument("--trace", help="Azure trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens)")
+    ap.add_argument("--dataset", choices=["random"], default=None)
+    ap.add_argument("--num-requests", type=int, default=100)
+    ap.add_argument("--random-input-len", type=int, default=128)
+    ap.add_argument("--random-output-len", type=int, default=64)
+    ap.add_argument("--random-range-ratio", type=float, default=0.0)
+    ap.add_argument("--clip-input", type=int, default=0)
+    ap.add_argument("--clip-output", type=int, default=0)
+    ap.add_argument("--token-range", type=int, default=256,
+                    help="prompt token ids are drawn from [0, N): keep N <= the vocabulary")
+    ap.add_argument("--request-rate", type=float, default=float("inf"))
+    ap.add_argument("--burstiness", type=float, default=1.0)
+    ap.add_argument("--max-concurrency", type=int, default=0)
+    ap.add_argument("--replay-timestamps", action="store_true")
+    ap.add_argument("--timestamp-scale", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--request-timeout", type=float, default=6 * 3600)
+    ap.add_argument("--sweep", default=None, help="comma-separated request rates")
+    for metric, flag in TARGETS.items():
+        ap.add_argument("--" + flag.replace("_", "-"), type=float, default=None,
+                        help=f"sustainable-rate target for {metric}")
+    ap.add_argument("--plot", default=None, help="PNG path for the sweep plots")
+    ap.add_argument("--save-result", default=None)
+    ap.add_argument("--save-detailed", action="store_true")
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if args.burstiness <= 0:
+        ap.error("--burstiness must be > 0")
+    if args.trace:
+        jobs = load_trace(args.trace, args.num_requests, args.clip_input, args.clip_output,
+                          args.token_range, args.seed)
+    elif args.dataset == "random":
+        jobs = random_jobs(args.num_requests, args.random_input_len, args.random_output_len,
+                           args.random_range_ratio, args.token_range, args.seed)
+    else:
+        ap.error("give --trace CSV or --dataset random")
+    if args.sweep:
+        rates = [float(x) for x in args.sweep.split(",")]
+        runs = [asyncio.run(run_rate(args, jobs, r)) for r in rates]
+        result = {"runs": runs, "sustainable_rate": {}}
+        for metric, flag in TARGETS.items():
+            target = getattr(args, flag)
+            if target is not None:
+                result["sustainable_rate"][metric] = sustainable_rate(
+                    rates, [r[metric] for r in runs], target)
+        if args.plot:
+            plot_sweep(runs, Path(args.plot))
+    else:
+        result = asyncio.run(run_rate(args, jobs, args.request_rate))
+    if args.save_result:
+        Path(args.save_result).write_text(json.dumps(result, indent=2))
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
