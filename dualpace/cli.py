@@ -79,6 +79,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
                              args.max_queued_requests, args.drain_timeout))
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    import logging
+
+    from dualpace.profiler.run import main as run_profile
+
+    logging.basicConfig(level="WARNING")
+    config = EngineConfig.from_options(_model_dir(args), **_engine_options(args))
+    prof = run_profile(config, args.out, quick=args.quick)
+    print(f"profile written to {args.out}/profile.json (charts: {args.out}/profile.png)")
+    print(f"assist_thresholds={prof['assist_thresholds']} "
+          f"max_num_batched_tokens={prof['max_num_batched_tokens']} "
+          f"cpu_batch_limit={prof['cpu_batch_limit']} cpu_dtype={prof['cpu_dtype']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dualpace", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -99,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds SIGTERM waits for in-flight requests")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("profile", help="offline profile: routing thresholds and limits (§4.3)")
+    _add_engine_flags(p)
+    p.add_argument("--out", default="dualpace-profile", help="output directory")
+    p.add_argument("--quick", action="store_true", help="few sizes and repeats (a first look)")
+    p.set_defaults(func=cmd_profile)
     p = sub.add_parser("generate", help="offline generation for the given prompts")
     _add_engine_flags(p)
     p.add_argument("--prompt", action="append", help="a prompt (repeatable)")

@@ -67,6 +67,7 @@ class GpuWorker:
         self.block_size = kv.block_size
         self.steps = 0
         self.assist_served = 0
+        self.assist_busy_us = 0
 
     # --- Dense Assist ---------------------------------------------------------------------
     def boundary(self) -> None:
@@ -105,12 +106,15 @@ class GpuWorker:
 
     def _serve_claimed(self) -> None:
         ok = False
+        t0 = time.perf_counter()
         try:
             self._run_assist(leader=True)
             ok = True
         finally:
             self.assist.finish(ok)
             self.assist_served += 1
+            # GPU-main time displaced by assists: the profiler's disturbance d (Eq. 8).
+            self.assist_busy_us += int((time.perf_counter() - t0) * 1e6)
 
     @torch.inference_mode()
     def _run_assist(self, leader: bool) -> None:

@@ -139,6 +139,7 @@ class Stats(_Msg, tag=24):
     assist_served: int
     assist_calls: int
     routes: dict[str, int] = {}
+    assist_busy_us: int = 0
 
 
 class Shutdown(_Msg, tag=25):

@@ -167,7 +167,8 @@ class WorkerProcess:
                 reply = P.Stats(kind=self.spec.kind, rank=self.spec.rank, steps=w.steps,
                                 assist_served=getattr(w, "assist_served", 0),
                                 assist_calls=getattr(w, "assist_calls", 0),
-                                routes=dict(getattr(w, "routes", {})))
+                                routes=dict(getattr(w, "routes", {})),
+                                assist_busy_us=getattr(w, "assist_busy_us", 0))
             elif isinstance(msg, P.Shutdown):
                 self.stop = True
                 self.wake.add(1)

@@ -1,0 +1,37 @@
+"""A real (quick) `dualpace profile` run on a tiny checkpoint, then serving with it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+
+from dualpace import LLM, SamplingParams
+
+
+def test_profile_then_serve_with_it(llama_checkpoint, tmp_path):
+    path, _ = llama_checkpoint
+    out = tmp_path / "prof"
+    r = subprocess.run([sys.executable, "-m", "dualpace", "profile", "--model", str(path),
+                        "--gpu-device", "cpu", "--gpu-kv-blocks", "32", "--cpu-kv-gib", "0.05",
+                        "--max-num-seqs", "16", "--out", str(out), "--quick"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    prof = json.loads((out / "profile.json").read_text())
+    p, f = prof["assist_thresholds"]
+    assert (p, f) == (0, 0) or 0 <= f < p
+    assert prof["cpu_batch_limit"] in (1, 4, 16)
+    assert prof["cpu_dtype"] in ("float32", "bfloat16")
+    assert prof["max_num_batched_tokens"] in prof["gpu_prefill"]["tokens"]
+    fitted = prof["gpu_prefill"]["fitted"]
+    assert all(a <= b for a, b in itertools.pairwise(fitted))
+    for b, scores in prof["route_scores"].items():
+        assert set(scores) == {"full-cpu", "split-final", "fused-assist"}
+        assert all(v > 0 for v in scores.values()), b
+    assert (out / "profile.png").stat().st_size > 0
+    with LLM(str(path), gpu_device="cpu", gpu_kv_blocks=32, cpu_kv_gib=0.05,
+             profile=str(out / "profile.json")) as llm:
+        assert llm.config.profile
+        o = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0))[0]
+        assert len(o.token_ids) == 4
