@@ -78,6 +78,8 @@ class LLMEngine:
         self._cpu_wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self.dead: str | None = None
+        self.longest_cpu_stall = 0.0
+        self._last_cpu_token: float | None = None
         self.draining = False
         self.metrics.set("dualpace:kv_blocks_total", gpu_blocks, tier="gpu")
         self.metrics.set("dualpace:kv_blocks_total", 0 if policy == "gpu-only" else host_blocks,
@@ -346,6 +348,8 @@ class LLMEngine:
         self.metrics.inc("dualpace:generation_tokens_total", engine=engine)
         if self.trace is not None:
             self.trace.append((now, engine, r.rid))
+        if engine == "cpu":
+            self._note_cpu_progress(now)
         reason = None
         if token in r.params.stop_token_ids or (not r.params.ignore_eos and token in self.eos_ids):
             reason = "stop"
@@ -355,6 +359,14 @@ class LLMEngine:
             self._finish(r, reason, new=[token])
         else:
             self._events.put_nowait(TokenEvent(r.rid, [token]))
+
+    def _note_cpu_progress(self, now: float) -> None:
+        """Longest stretch between two CPU-tier tokens while the tier held requests (the
+        stalls of the paper's Figure 1); the clock restarts whenever the tier empties."""
+        if self._last_cpu_token is not None:
+            self.longest_cpu_stall = max(self.longest_cpu_stall, now - self._last_cpu_token)
+            self.metrics.set("dualpace:cpu_tier_longest_stall_seconds", self.longest_cpu_stall)
+        self._last_cpu_token = now
 
     def _settle_abort(self, r: EngineRequest) -> None:
         if r.abort_requested and not r.in_flight and not r.finished:
@@ -403,6 +415,8 @@ class LLMEngine:
                          len(st.gpu_waiting) + len(st.cpu_waiting))
         self.metrics.set("dualpace:kv_blocks_used", st.gpu_pool.num_used, tier="gpu")
         self.metrics.set("dualpace:kv_blocks_used", st.host_pool.num_used, tier="cpu")
+        if not st.cpu_running and not st.cpu_waiting:
+            self._last_cpu_token = None  # an empty tier is idle, not stalled
         if self.on_round is not None:
             self.on_round(self, kind, plan)
 

@@ -19,6 +19,8 @@ _HELP = {
     "dualpace:dense_assist_calls_total": ("counter", "Dense Assist calls, per route."),
     "dualpace:kv_migrations_total": ("counter", "KV migrations, per kind."),
     "dualpace:request_success_total": ("counter", "Finished requests, per finish reason."),
+    "dualpace:cpu_tier_longest_stall_seconds": (
+        "gauge", "Longest gap between CPU-tier tokens while the tier held requests."),
     "dualpace:time_to_first_token_seconds": ("histogram", "Time to first token."),
     "dualpace:inter_token_latency_seconds": ("histogram", "Time between two tokens."),
     "dualpace:e2e_request_latency_seconds": ("histogram", "End-to-end request latency."),

@@ -1,0 +1,185 @@
+"""Side-by-side policy comparison on one machine, in one run (paper §6, Figures 1, 9, 10).
+
+    python bench/compare_policies.py --json [--rates 2,4,8,12] [--num-requests 80]
+
+Serves the same checkpoint with --policy dualpace, gated and gpu-only (same GPU KV pool,
+small enough that the host tier matters; GPU and CPU workers pinned to different cores),
+replays the same Azure conversation slice with bench/loadgen.py at a sweep of rates, and
+reports per policy: the sustainable rate at a normalized-latency target and at a P99-ITL
+target (linear interpolation, never extrapolated), P99 TTFT per rate and the longest CPU-tier
+stall. Targets for this small model: a multiple (--target-factor) of the value measured at
+the lowest rate under gpu-only, the unloaded reference. The last line with --json is
+{"policies": {"dualpace": {"sustainable_rate": ..}, "gated": {..}, "gpu-only": {..}}, ..};
+plots go to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import loadgen
+from common import REPO, emit
+
+POLICIES = ("dualpace", "gated", "gpu-only")
+TRACE = REPO.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _metrics(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        out = {}
+        for line in r.read().decode().splitlines():
+            if line and not line.startswith("#"):
+                k, v = line.rsplit(" ", 1)
+                out[k] = float(v)
+        return out
+
+
+def start_server(model: str, policy: str, args) -> tuple[subprocess.Popen, str]:
+    port = _port()
+    cmd = [sys.executable, "-m", "dualpace", "serve", "--model", model, "--port", str(port),
+           "--policy", policy, "--gpu-device", "cpu", "--gpu-kv-blocks",
+           str(args.gpu_kv_blocks), "--cpu-kv-gib", str(args.cpu_kv_gib), "--max-num-seqs",
+           str(args.max_num_seqs), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{policy} server did not start") from None
+            time.sleep(0.2)
+
+
+def run_policy(model: str, policy: str, jobs, args) -> list[dict]:
+    proc, url = start_server(model, policy, args)
+    runs = []
+    try:
+        for rate in args.rates:
+            lg = argparse.Namespace(base_url=url, model=None, api_key=None, burstiness=1.0,
+                                    seed=args.seed, replay_timestamps=False,
+                                    timestamp_scale=1.0, max_concurrency=0,
+                                    request_timeout=3600, save_detailed=False,
+                                    no_progress=True)
+            run = asyncio.run(loadgen.run_rate(lg, jobs, rate))
+            m = _metrics(url)
+            run["cpu_tier_longest_stall_s"] = m.get("dualpace:cpu_tier_longest_stall_seconds",
+                                                    0.0)
+            run["cpu_tokens"] = m.get('dualpace:generation_tokens_total{engine="cpu"}', 0.0)
+            runs.append(run)
+            print(f"{policy} rate {rate}: norm {run['mean_normalized_latency_s']:.3f} s/tok, "
+                  f"p99 itl {run['p99_itl_ms']:.0f} ms, p99 ttft {run['p99_ttft_ms']:.0f} ms",
+                  file=sys.stderr)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    return runs
+
+
+def plot(results: dict, targets: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [("mean_normalized_latency_s", "Normalized latency (s/token)"),
+               ("p99_ttft_ms", "P99 TTFT (ms)"), ("p99_itl_ms", "P99 ITL (ms)")]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, (m, title) in zip(axes, metrics):
+        for policy, runs in results.items():
+            ax.plot([r["request_rate"] for r in runs], [r[m] for r in runs], marker="o",
+                    label=policy)
+        if m in targets:
+            ax.axhline(targets[m], linestyle="--", color="gray")
+        ax.set_title(title)
+        ax.set_xlabel("request rate (req/s)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--model", default=None, help="checkpoint (default: a small demo model)")
+    ap.add_argument("--trace", default=str(TRACE))
+    ap.add_argument("--num-requests", type=int, default=80)
+    ap.add_argument("--clip-input", type=int, default=256)
+    ap.add_argument("--clip-output", type=int, default=128)
+    ap.add_argument("--rates", default="2,4,8,12,16")
+    ap.add_argument("--gpu-kv-blocks", type=int, default=48)
+    ap.add_argument("--cpu-kv-gib", type=float, default=0.5)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--target-factor", type=float, default=3.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "compare"))
+    args = ap.parse_args()
+    args.rates = [float(x) for x in args.rates.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = args.model
+    if model is None:
+        from dualpace.demo_model import DemoSpec, make_demo_model
+
+        model = str(make_demo_model(out / "model", DemoSpec(
+            hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
+            intermediate_size=768, max_position_embeddings=1024)))
+    if os.path.exists(args.trace):
+        jobs = loadgen.load_trace(args.trace, args.num_requests, args.clip_input,
+                                  args.clip_output, 256, args.seed)
+    else:
+        jobs = loadgen.random_jobs(args.num_requests, args.clip_input // 2,
+                                   args.clip_output // 2, 0.9, 256, args.seed)
+    policies = args.policies.split(",")
+    results = {p: run_policy(model, p, jobs, args) for p in policies}
+    ref = results.get("gpu-only", next(iter(results.values())))[0]
+    targets = {"mean_normalized_latency_s": args.target_factor
+               * ref["mean_normalized_latency_s"],
+               "p99_itl_ms": args.target_factor * ref["p99_itl_ms"]}
+    summary = {}
+    for p, runs in results.items():
+        rates = [r["request_rate"] for r in runs]
+        summary[p] = {
+            "sustainable_rate": loadgen.sustainable_rate(
+                rates, [r["mean_normalized_latency_s"] for r in runs],
+                targets["mean_normalized_latency_s"]),
+            "sustainable_rate_p99_itl": loadgen.sustainable_rate(
+                rates, [r["p99_itl_ms"] for r in runs], targets["p99_itl_ms"]),
+            "p99_ttft_ms": {str(r["request_rate"]): round(r["p99_ttft_ms"], 1) for r in runs},
+            "mean_normalized_latency_s": {str(r["request_rate"]):
+                                          round(r["mean_normalized_latency_s"], 4)
+                                          for r in runs},
+            "p99_itl_ms": {str(r["request_rate"]): round(r["p99_itl_ms"], 1) for r in runs},
+            "longest_cpu_stall_s": max(r["cpu_tier_longest_stall_s"] for r in runs),
+            "cpu_tokens": runs[-1]["cpu_tokens"],
+        }
+    (out / "compare.json").write_text(json.dumps({"summary": summary, "runs": results},
+                                                 indent=2))
+    plot(results, targets, out / "compare.png")
+    emit({"bench": "compare_policies", "policies": summary, "targets": targets,
+          "rates": args.rates, "num_requests": args.num_requests,
+          "plot": str(out / "compare.png")}, args.json)
+
+
+if __name__ == "__main__":
+    main()
