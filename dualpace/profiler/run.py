@@ -198,17 +198,27 @@ async def run_profile(config: EngineConfig, s: ProfileSettings, out_dir: Path) -
         by_tokens.setdefault(n, []).append(thr)
     tokens = sorted(by_tokens)
     means = [sum(by_tokens[n]) / len(by_tokens[n]) for n in tokens]
-    token_limit = plateau_limit(tokens, means, s.plateau_k, s.plateau_delta)
+    fitted = pava(means)
+    if fitted[-1] <= fitted[0]:
+        # The plateau rule assumes throughput that rises with batched tokens (a GPU). A flat
+        # fit (e.g. --gpu-device cpu, where prefill attention grows quadratically) carries
+        # no limit: keep the configured one rather than pick the smallest size.
+        token_limit, token_rule = config.max_num_batched_tokens, "flat fit: configured value"
+        log.warning("GPU prefill throughput does not rise with batched tokens; keeping "
+                    "max_num_batched_tokens=%d", token_limit)
+    else:
+        token_limit = plateau_limit(tokens, means, s.plateau_k, s.plateau_delta)
+        token_rule = f"plateau K={s.plateau_k} delta={s.plateau_delta}"
     profile = {
         "model": config.model, "assist_thresholds": [p, f],
         "max_num_batched_tokens": max(token_limit, config.block_size),
+        "max_num_batched_tokens_rule": token_rule,
         "cpu_batch_limit": cpu_limit, "cpu_dtype": cpu_dtype,
         "settings": dataclasses.asdict(s), "cpu_dtype_post_attention_s": dtypes,
         "components": {str(b): v for b, v in comps.items()},
         "route_scores": {str(b): v for b, v in scores.items()},
         "cpu_decode_tokens_per_s": {str(b): v for b, v in decode.items()},
-        "gpu_prefill": {"tokens": tokens, "mean_tokens_per_s": means,
-                        "fitted": pava(means)},
+        "gpu_prefill": {"tokens": tokens, "mean_tokens_per_s": means, "fitted": fitted},
     }
     (out_dir / "profile.json").write_text(json.dumps(profile, indent=2))
     _plots(profile, out_dir)
