@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import socket
 import statistics
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,3 +56,34 @@ def emit(result: dict, as_json: bool) -> None:
         print(json.dumps(result))
     else:
         print(json.dumps(result, indent=2))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape_metrics(url: str) -> dict[str, float]:
+    """A server's /metrics as {sample name with labels: value}."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        out = {}
+        for line in r.read().decode().splitlines():
+            if line and not line.startswith("#"):
+                k, v = line.rsplit(" ", 1)
+                out[k] = float(v)
+        return out
+
+
+def wait_healthy(url: str, proc, timeout: float = 120.0) -> None:
+    """Until GET /health answers 200; fails if the server process exits first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"server at {url} did not become healthy") from None
+            time.sleep(0.2)

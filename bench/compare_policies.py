@@ -19,54 +19,27 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import loadgen
-from common import REPO, emit
+from common import REPO, emit, free_port, scrape_metrics, wait_healthy
 
 POLICIES = ("dualpace", "gated", "gpu-only")
 TRACE = REPO.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _metrics(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-        out = {}
-        for line in r.read().decode().splitlines():
-            if line and not line.startswith("#"):
-                k, v = line.rsplit(" ", 1)
-                out[k] = float(v)
-        return out
-
-
 def start_server(model: str, policy: str, args) -> tuple[subprocess.Popen, str]:
-    port = _port()
+    port = free_port()
     cmd = [sys.executable, "-m", "dualpace", "serve", "--model", model, "--port", str(port),
            "--policy", policy, "--gpu-device", "cpu", "--gpu-kv-blocks",
            str(args.gpu_kv_blocks), "--cpu-kv-gib", str(args.cpu_kv_gib), "--max-num-seqs",
            str(args.max_num_seqs), "--log-level", "warning"]
     proc = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                if r.status == 200:
-                    return proc, url
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{policy} server did not start") from None
-            time.sleep(0.2)
+    wait_healthy(url, proc)
+    return proc, url
 
 
 def run_policy(model: str, policy: str, jobs, args) -> list[dict]:
@@ -80,7 +53,7 @@ def run_policy(model: str, policy: str, jobs, args) -> list[dict]:
                                     request_timeout=3600, save_detailed=False,
                                     no_progress=True)
             run = asyncio.run(loadgen.run_rate(lg, jobs, rate))
-            m = _metrics(url)
+            m = scrape_metrics(url)
             run["cpu_tier_longest_stall_s"] = m.get("dualpace:cpu_tier_longest_stall_seconds",
                                                     0.0)
             run["cpu_tokens"] = m.get('dualpace:generation_tokens_total{engine="cpu"}', 0.0)

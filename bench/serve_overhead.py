@@ -15,31 +15,13 @@ import argparse
 import asyncio
 import itertools
 import json
-import socket
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 
 import aiohttp
-from common import emit
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _metrics(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-        out = {}
-        for line in r.read().decode().splitlines():
-            if line and not line.startswith("#"):
-                k, v = line.rsplit(" ", 1)
-                out[k] = float(v)
-        return out
+from common import emit, free_port, scrape_metrics, wait_healthy
 
 
 def _delta(after, before, key):
@@ -69,11 +51,11 @@ async def _round(url, clients, max_tokens):
 
 
 def measure(url: str, clients: int, max_tokens: int) -> dict:
-    before = _metrics(url)
+    before = scrape_metrics(url)
     t0 = time.perf_counter()
     results = asyncio.run(_round(url, clients, max_tokens))
     wall = time.perf_counter() - t0
-    after = _metrics(url)
+    after = scrape_metrics(url)
     # A chunk can carry several tokens (text held back until a UTF-8 character completes),
     # so per-token time is (last chunk - first chunk) / (tokens - 1) from the usage count.
     tpots = [(st[-1] - st[0]) / (n - 1) for _, st, n in results if len(st) > 1 and n > 1]
@@ -110,7 +92,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--model", default=None, help="checkpoint (default: the demo model)")
     args = ap.parse_args()
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "dualpace", "serve", "--port", str(port), "--gpu-device",
            "cpu", "--max-num-seqs", "128", "--log-level", "warning"]
@@ -118,16 +100,7 @@ def main() -> None:
         cmd += ["--model", args.model]
     proc = subprocess.Popen(cmd)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("server did not start") from None
-                time.sleep(0.2)
+        wait_healthy(url, proc)
         measure(url, 4, 8)  # warm-up
         rows = [measure(url, int(c), args.max_tokens) for c in args.clients.split(",")]
     finally:
