@@ -65,10 +65,8 @@ def _parse_ts(text: str) -> float:
     from datetime import datetime
 
     text = text.strip()
-    try:
+    if text.replace(".", "", 1).isdigit():  # already seconds
         return float(text)
-    except ValueError:
-        pass
     head, _, frac = text.partition(".")
     dt = datetime.strptime(head, "%Y-%m-%d %H:%M:%S")
     return dt.timestamp() + (float("0." + frac.rstrip("0") or "0") if frac else 0.0)

@@ -28,6 +28,11 @@ from dualpace.engine.serving import ServingEngine
 from dualpace.sampling.params import SamplingParams
 
 
+async def _drain(stream) -> None:
+    async for _ in stream:
+        continue
+
+
 async def run_policy(model: str, policy: str, args) -> dict:
     cfg = EngineConfig(model=model, gpu_device="cpu", policy=policy,
                        gpu_kv_blocks=args.gpu_kv_blocks, cpu_kv_gib=0.25,
@@ -48,8 +53,7 @@ async def run_policy(model: str, policy: str, args) -> dict:
         await asyncio.sleep(delay)
         stream = serving.add_request(prompt, SamplingParams(temperature=0, max_tokens=n,
                                                             ignore_eos=True))
-        async for _ in stream:
-            pass
+        await _drain(stream)
 
     async def watch_stalls():
         # Sample whether CPU-owned, ready work is waiting; a stall is a stretch without a

@@ -7,6 +7,7 @@ background thread runs the ServingEngine; ``generate`` blocks until every output
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -144,7 +145,5 @@ class LLM:
         self.shutdown()
 
     def __del__(self):
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown: best effort only
             self.shutdown()
-        except Exception:
-            pass

@@ -41,11 +41,11 @@ SPIN = 4000  # pause iterations (~10-100 µs) before sleeping in the kernel
 
 
 class PeerDied(RuntimeError):
-    pass
+    """The GPU worker died while a Dense Assist call was waiting on it."""
 
 
 class AssistFailed(RuntimeError):
-    pass
+    """The GPU worker failed the call, or it timed out."""
 
 
 class AssistChannel:

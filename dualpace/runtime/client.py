@@ -8,6 +8,7 @@ come back through the worker->engine ring, whose eventfd doorbell the loop watch
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 
 from dualpace.kernels.futex import FutexWord
@@ -65,10 +66,8 @@ class WorkerClient:
         return len(self._pending)
 
     def _on_readable(self) -> None:
-        try:
+        with contextlib.suppress(BlockingIOError):  # already drained by an earlier call
             os.eventfd_read(self._efd)
-        except BlockingIOError:
-            pass
         for raw in self._from.read_all():
             msg = P.to_engine_decoder.decode(raw)
             fut = self._pending.pop(msg.step_id, None)

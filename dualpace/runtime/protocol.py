@@ -17,7 +17,7 @@ import msgspec
 
 
 class _Msg(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
-    pass
+    """Base of every tagged message: array-encoded, defaults omitted, not GC-tracked."""
 
 
 # --- engine -> worker (data-plane ring) ----------------------------------------------------
@@ -129,7 +129,7 @@ class Pong(_Msg, tag=22):
 
 
 class StatsRequest(_Msg, tag=23):
-    pass
+    """Ask a worker for its counters (answered with Stats)."""
 
 
 class Stats(_Msg, tag=24):
@@ -143,7 +143,7 @@ class Stats(_Msg, tag=24):
 
 
 class Shutdown(_Msg, tag=25):
-    pass
+    """Stop the worker's loops and exit."""
 
 
 class WorkerSpec(msgspec.Struct, gc=False):

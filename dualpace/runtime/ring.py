@@ -22,7 +22,7 @@ def _align8(n: int) -> int:
 
 
 class RingFull(RuntimeError):
-    pass
+    """The consumer is a whole ring behind: the record was not written."""
 
 
 class Ring:

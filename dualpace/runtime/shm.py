@@ -7,6 +7,7 @@ Names are unique per instance (``/dualpace-<pid>-<token>-<what>``), segments are
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
@@ -49,14 +50,12 @@ def sweep_stale() -> list[str]:
         m = _NAME_RE.match(name)
         if not m or process_alive(int(m.group(1))):
             continue
-        try:
+        with contextlib.suppress(OSError, posix_ipc.ExistentialError):  # raced another sweep
             if path.is_dir():
                 shutil.rmtree(path)
             else:
                 posix_ipc.unlink_shared_memory("/" + name)
             removed.append(name)
-        except (OSError, posix_ipc.ExistentialError):
-            pass
     if removed:
         log.info("removed %d stale shared-memory segment(s)/dir(s) of dead instances: %s",
                  len(removed), ", ".join(sorted(removed)))
@@ -122,7 +121,5 @@ class Segment:
     def unlink(self) -> None:
         if self._owner and not self._unlinked:
             self._unlinked = True
-            try:
+            with contextlib.suppress(posix_ipc.ExistentialError):
                 posix_ipc.unlink_shared_memory(self.name)
-            except posix_ipc.ExistentialError:
-                pass

@@ -11,6 +11,7 @@ segments.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -117,15 +118,11 @@ def _release(instance: Instance | None, children: list[_Child]) -> None:
         if c.proc.poll() is None:
             c.proc.kill()
     for c in children:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             c.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
         for fd in (c.pidfd, c.eventfd):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
     children.clear()
     if instance is not None:
         instance.cleanup()
@@ -272,10 +269,8 @@ class Runtime:
         if self._restart_task is not None:
             self._restart_task.cancel()
         for ident in list(self._identities.values()):
-            try:
+            with contextlib.suppress(zmq.ZMQError):
                 await self._router.send_multipart([ident, P.encode(P.Shutdown())])
-            except zmq.ZMQError:
-                pass
         deadline = time.monotonic() + timeout
         for c in self._children:
             while c.proc.poll() is None and time.monotonic() < deadline:
@@ -286,10 +281,8 @@ class Runtime:
         self.available.clear()
         loop = asyncio.get_running_loop()
         for c in self._children:
-            try:
+            with contextlib.suppress(ValueError, OSError):
                 loop.remove_reader(c.pidfd)
-            except (ValueError, OSError):
-                pass
         for client in (self.gpu, self.cpu):
             if client is not None:
                 client.detach()
