@@ -170,24 +170,32 @@ def test_sigterm_drains_and_notifies(tiny_model, tmp_path):
     rx.settimeout(0.2)
     s = ServerProcess(tiny_model, env={"NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "400000"})
     try:
-        result = {}
+        results = []
 
         def inflight():
-            result["r"] = _request(s, C, "POST", {"prompt": "hi", "max_tokens": 500,
-                                                  "ignore_eos": True})
+            results.append(_request(s, C, "POST", {"prompt": "hi", "max_tokens": 500,
+                                                   "ignore_eos": True}))
 
-        t = threading.Thread(target=inflight)
-        t.start()
-        time.sleep(0.3)  # the request is running; a watchdog ping has gone out
+        threads = [threading.Thread(target=inflight) for _ in range(4)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # all four generating (~0.5 s of work each)
+            m = s.metrics()
+            if m.get('dualpace:generation_tokens_total{engine="gpu"}', 0) + m.get(
+                    'dualpace:generation_tokens_total{engine="cpu"}', 0) >= 8:
+                break
+            time.sleep(0.005)
         s.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.05)
+        time.sleep(0.02)
         status, payload, _ = _request(s, C, "POST", {"prompt": "late"})
         health = _request(s, "/health", "GET", None)[0]
-        t.join(timeout=60)
+        for t in threads:
+            t.join(timeout=60)
         assert status == 503 and "shutting down" in payload["error"]["message"]
         assert health == 503
-        assert result["r"][0] == 200
-        assert result["r"][1]["choices"][0]["finish_reason"] == "length"
+        assert [r[0] for r in results] == [200] * 4
+        assert all(r[1]["choices"][0]["finish_reason"] == "length" for r in results)
         assert s.proc.wait(timeout=30) == 0
     finally:
         s.stop()
