@@ -50,12 +50,10 @@ def test_abort_in_every_state(state):
         eng, _ = _engine()
         eng.start()
         try:
-            if state == "waiting":
+            if state == "waiting":  # queued behind others, aborted before any step took it
                 blockers = [eng.add_request([1] * 40, _params(), 1000) for _ in range(4)]
                 s = eng.add_request([2] * 8, _params(), 1000)
-                await asyncio.sleep(0.005)
-                target = eng.requests[s.rid]
-                assert target in eng.state.gpu_waiting or target.owner is Owner.CPU
+                assert eng.requests[s.rid] in eng.state.gpu_waiting
             elif state == "gpu-running":
                 s = eng.add_request([2] * 8, _params(), 1000)
                 await _until(lambda: eng.requests[s.rid].out)
