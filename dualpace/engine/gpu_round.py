@@ -167,6 +167,7 @@ def step5_admit_prefills(st: SchedulerState, plan: GpuPlan, b: _Budget) -> None:
             b.rows -= 1
     to_cpu_mode = False
     staging = st.limits.staging_blocks
+    population = _gpu_population(st, plan)  # grows as prompts are admitted to the GPU
     for r in st.gpu_waiting:
         if r.finished:
             continue
@@ -176,10 +177,11 @@ def step5_admit_prefills(st: SchedulerState, plan: GpuPlan, b: _Budget) -> None:
         need = blocks_for_tokens(total, st.gpu_pool.block_size)
         if not to_cpu_mode and need <= b.free and len(st.gpu_running) + b_new(plan) < (
                 st.limits.max_num_seqs):
-            reserve = st.migration_reserve_for([*_gpu_population(st, plan), r])
+            reserve = st.migration_reserve_for([*population, r])
             if st.policy == "gpu-only" or st.host_fits(migration=reserve):
                 n = min(total, b.tokens)
                 plan.prefills.append((r, n))
+                population.append(r)
                 b.free -= need
                 b.tokens -= n
                 b.rows -= 1

@@ -92,33 +92,30 @@ class Driver:
         for r, t in zip(reqs, done.tokens):
             r.out.append(t)
 
-    async def swap_out(self, reqs: list[Req]) -> None:
-        migs = []
-        for r in reqs:
-            n = len(r.tokens) - 1  # KV materialised: every token but the last sampled one
-            dst = self.host_pool.allocate(blocks_for_tokens(n, self.bs))
-            migs.append(P.Migration(req_id=r.rid, src_blocks=r.blocks, dst_blocks=dst,
-                                    num_tokens=n))
-        done = await self.rt.gpu.step(P.GpuBatch(step_id=next(self.steps), swap_out=migs))
-        assert sorted(done.ready) == sorted(r.rid for r in reqs)
-        for r, m in zip(reqs, migs):
-            self.gpu_pool.free(r.blocks)
-            r.where, r.blocks = "cpu", m.dst_blocks
-            r.known["cpu"] = -1
-
-    async def swap_in(self, reqs: list[Req]) -> None:
+    async def _migrate(self, reqs: list[Req], dest: str) -> None:
+        """Swap-out (dest "cpu") or swap-in (dest "gpu") of every token's KV but the last
+        sampled one's, as one migration-only GPU step."""
+        src_pool, dst_pool = self._pool(reqs[0].where), self._pool(dest)
         migs = []
         for r in reqs:
             n = len(r.tokens) - 1
-            dst = self.gpu_pool.allocate(blocks_for_tokens(n, self.bs))
+            dst = dst_pool.allocate(blocks_for_tokens(n, self.bs))
             migs.append(P.Migration(req_id=r.rid, src_blocks=r.blocks, dst_blocks=dst,
                                     num_tokens=n))
-        done = await self.rt.gpu.step(P.GpuBatch(step_id=next(self.steps), swap_in=migs))
+        kind = {"swap_out": migs} if dest == "cpu" else {"swap_in": migs}
+        done = await self.rt.gpu.step(P.GpuBatch(step_id=next(self.steps), **kind))
         assert sorted(done.ready) == sorted(r.rid for r in reqs)
         for r, m in zip(reqs, migs):
-            self.host_pool.free(r.blocks)
-            r.where, r.blocks = "gpu", m.dst_blocks
-            r.known["gpu"] = len(r.blocks)  # the swap-in set the GPU worker's table
+            src_pool.free(r.blocks)
+            r.where, r.blocks = dest, m.dst_blocks
+            # A swap-in hands the GPU worker the whole table; the CPU worker needs a reset.
+            r.known[dest] = len(r.blocks) if dest == "gpu" else -1
+
+    async def swap_out(self, reqs: list[Req]) -> None:
+        await self._migrate(reqs, "cpu")
+
+    async def swap_in(self, reqs: list[Req]) -> None:
+        await self._migrate(reqs, "gpu")
 
     def release(self, reqs: list[Req]) -> None:
         for r in reqs:
