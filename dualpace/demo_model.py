@@ -82,7 +82,8 @@ def build_byte_tokenizer() -> Tokenizer:
     return tok
 
 
-def _random_weights(spec: DemoSpec, vocab: int) -> dict[str, torch.Tensor]:
+def random_llama_weights(spec: DemoSpec, vocab: int) -> dict[str, torch.Tensor]:
+    """Seeded random Llama weights in Hugging Face names (also used by bench/peers)."""
     g = torch.Generator().manual_seed(spec.seed)
     H, I = spec.hidden_size, spec.intermediate_size  # noqa: E741
     D = H // spec.num_heads
@@ -157,7 +158,7 @@ def make_demo_model(out_dir: str | Path, spec: DemoSpec = DemoSpec()) -> Path:
         "tokenizer_class": "PreTrainedTokenizerFast",
     }, indent=2))
     tmp = out / "model.safetensors.tmp"
-    save_file(_random_weights(spec, vocab), str(tmp), metadata={"format": "pt"})
+    save_file(random_llama_weights(spec, vocab), str(tmp), metadata={"format": "pt"})
     tmp.replace(out / "model.safetensors")  # last: a complete file marks a complete model
     return out
 
