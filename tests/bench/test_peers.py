@@ -1,0 +1,147 @@
+"""bench/peers: the shared checkpoint's two tokenizers, and the transformers floor server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path[:0] = [str(BENCH), str(BENCH / "peers")]
+
+import loadgen  # noqa: E402
+import peer_model  # noqa: E402
+import sentencepiece as spm  # noqa: E402
+from tokenizers import Tokenizer as HFTokenizer  # noqa: E402
+from tokenizers import pre_tokenizers  # noqa: E402
+
+from dualpace import LLM, SamplingParams  # noqa: E402
+from dualpace.demo_model import DemoSpec  # noqa: E402
+from dualpace.tokenizer.tokenizer import Tokenizer  # noqa: E402
+
+TINY = DemoSpec(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                intermediate_size=128, max_position_embeddings=512)
+
+
+@pytest.fixture(scope="module")
+def peer_ckpt(tmp_path_factory) -> Path:
+    return peer_model.make_peer_model(tmp_path_factory.mktemp("peer"), TINY, vocab_size=1000)
+
+
+def test_dualpace_tokenizer_splits_like_sentencepiece(peer_ckpt):
+    sp = spm.SentencePieceProcessor(model_file=str(peer_ckpt / "tokenizer.model"))
+    ours = Tokenizer(peer_ckpt)
+    for text in peer_model.AGREEMENT_TEXTS:
+        ids = ours.encode(text, add_special_tokens=False)
+        assert ids == sp.encode(text), text
+        assert ours.decode(ids) == text == sp.decode(ids)
+    # A prompt gets BOS (<s> = 1) once, as llama.cpp adds it for this vocabulary.
+    assert ours.encode("hello")[:1] == [1] and ours.encode("hello")[1:] == sp.encode("hello")
+
+
+def test_agreement_check_catches_the_usual_conversion_slip(peer_ckpt, tmp_path):
+    # The common hand conversion (a Metaspace pre-tokenizer) drops the dummy prefix before a
+    # leading space; the check must notice.
+    for name in ("tokenizer.model",):
+        (tmp_path / name).write_bytes((peer_ckpt / name).read_bytes())
+    tok = HFTokenizer.from_file(str(peer_ckpt / "tokenizer.json"))
+    tok.normalizer = None
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first",
+                                                 split=False)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(AssertionError, match="tokenizers disagree"):
+        peer_model.check_tokenizers_agree(tmp_path)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def floor_url(peer_ckpt):
+    import hf_server
+
+    port = _free_port()
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(hf_server.make_app(hf_server.Floor(str(peer_ckpt), threads=1)))
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    t = threading.Thread(target=loop.run_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{port}"
+    loop.call_soon_threadsafe(loop.stop)
+    t.join(timeout=5)
+
+
+def _post(url: str, body: dict) -> tuple[int, bytes]:
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_floor_greedy_tokens_equal_dualpace(peer_ckpt, floor_url):
+    prompts = ["def f(x):", "  indented text", "naïve café"]
+    with LLM(str(peer_ckpt), gpu_kv_blocks=32) as llm:
+        ours = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12,
+                                                    ignore_eos=True))
+    for prompt, out in zip(prompts, ours):
+        status, body = _post(floor_url, {"prompt": prompt, "max_tokens": 12, "temperature": 0,
+                                         "ignore_eos": True, "return_token_ids": True})
+        assert status == 200
+        res = json.loads(body)
+        assert res["usage"]["completion_tokens"] == 12
+        # Token ids, not text: a random model emits stray byte-fallback tokens, and invalid
+        # UTF-8 has no single right rendering (whole decode vs incremental windows).
+        assert res["choices"][0]["token_ids"] == out.token_ids
+        if "\ufffd" not in out.text:
+            assert res["choices"][0]["text"] == out.text
+
+
+def test_floor_streams_what_it_returns_and_loadgen_counts_it(floor_url):
+    body = {"prompt": [5, 6, 7, 8], "max_tokens": 9, "temperature": 0, "ignore_eos": True}
+    _, whole = _post(floor_url, body)
+    _, streamed = _post(floor_url, {**body, "stream": True,
+                                    "stream_options": {"include_usage": True}})
+    events = [json.loads(line[6:]) for line in streamed.decode().splitlines()
+              if line.startswith("data: {")]
+    assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == \
+        json.loads(whole)["choices"][0]["text"]
+    assert events[-1]["usage"]["completion_tokens"] == 9
+    assert streamed.decode().rstrip().endswith("data: [DONE]")
+
+    jobs = [loadgen.Job([3 + i, 40, 41], 5 + i) for i in range(4)]
+    args = type("A", (), dict(base_url=floor_url, model=None, api_key=None, burstiness=1.0,
+                              seed=0, replay_timestamps=False, timestamp_scale=1.0,
+                              max_concurrency=2, request_timeout=60, save_detailed=False,
+                              no_progress=True))
+    res = asyncio.run(loadgen.run_rate(args, jobs, float("inf")))
+    assert res["completed"] == 4 and res["failed"] == 0
+    assert res["total_output_tokens"] == sum(j.max_tokens for j in jobs)
+
+
+@pytest.mark.parametrize("body,needle", [
+    ({"prompt": [1, 2, 1000]}, "token ids must be in [0, 1000)"),
+    ({"prompt": []}, "prompt must be"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "x", "temperature": -1}, "temperature"),
+    ({"prompt": "x", "n": 2}, "unsupported fields"),
+    ({"prompt": "x", "max_tokens": 600}, "exceeds the context length 512"),
+])
+def test_floor_rejects_bad_requests(floor_url, body, needle):
+    status, raw = _post(floor_url, body)
+    assert status == 400
+    assert needle in json.loads(raw)["error"]["message"]
