@@ -7,7 +7,7 @@ STAMP := $(VENV)/.dualpace-installed
 CEXT_SRC := $(wildcard cext/*.c cext/*.h cext/build.py)
 CEXT_STAMP := $(VENV)/.dualpace-cext
 
-.PHONY: install test lint serve clean build-ext install-service
+.PHONY: install test lint serve clean build-ext install-service bench-peers
 
 install: $(STAMP) $(CEXT_STAMP)
 
@@ -34,6 +34,13 @@ test: install
 
 serve: install
 	$(VENV)/bin/dualpace serve $(SERVE_ARGS)
+
+# DualPace beside llama.cpp's llama-server and the transformers floor (bench/peers). Builds
+# llama-server from the llama-cpp-python sdist first (~15 minutes, once); never run by CI.
+bench-peers: install
+	$(PY) -m pip install --quiet -e '.[dev,peers]'
+	test -x bench/peers/.build/llama-server || bash bench/peers/build_llama_server.sh
+	$(PY) bench/peers/compare_peers.py $(PEERS_ARGS)
 
 clean:
 	rm -rf build *.egg-info dualpace/kernels/_dualpace_cext* $(CEXT_STAMP)
