@@ -228,8 +228,11 @@ async def run_rate(args, jobs: list[Job], rate: float) -> dict:
             print(f"\r[rate {rate}] {done}/{len(jobs)} requests", end="", file=sys.stderr,
                   flush=True)
 
-    async with aiohttp.ClientSession(timeout=timeout,
-                                     connector=aiohttp.TCPConnector(limit=0)) as session:
+    # A connection per request, as vLLM's client does (a session per request): a server
+    # that closes kept-alive connections (llama-server's HTTP library does, after a few
+    # requests) would otherwise race the reuse and fail requests that never reached it.
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         t_start = time.perf_counter()
         await asyncio.gather(*(one(i, j, session) for i, j in enumerate(jobs)))
         duration = time.perf_counter() - t_start

@@ -229,20 +229,22 @@ def main() -> None:
             continue
         results[peer] = run_peer(peer, model, jobs, args, checks)
     ran = {p: r for p, r in results.items() if "greedy_texts" in r}
-    if "dualpace" in ran:
-        ref = ran["dualpace"]["greedy_texts"]
+    ours = {p: r for p, r in ran.items() if p.startswith("dualpace")}
+    if ours:
+        ref_name, ref = next(iter(ours.items()))
         for p, r in ran.items():
-            if p != "dualpace":
-                checks[f"greedy_identical_{p}"] = sum(a == b for a, b in
-                                                      zip(ref, r["greedy_texts"]))
+            if p != ref_name:
+                checks[f"greedy_identical_{p}"] = sum(
+                    a == b for a, b in zip(ref["greedy_texts"], r["greedy_texts"]))
+        checks["greedy_reference"] = ref_name
         checks["greedy_prompts"] = len(GREEDY_PROMPTS)
-        ours = ran["dualpace"]
-        for p, r in ran.items():
-            for phase in ("single", "concurrent"):
-                theirs = r[phase]["output_throughput"]
-                if p != "dualpace" and theirs:
-                    r[phase]["dualpace_speedup"] = round(
-                        ours[phase]["output_throughput"] / theirs, 2)
+    for p, r in ran.items():
+        for phase in ("single", "concurrent"):
+            theirs = r[phase]["output_throughput"]
+            for name, mine in ours.items():
+                if p not in ours and theirs:  # e.g. "dualpace-allcores_vs_this": 0.91
+                    r[phase][f"{name}_vs_this"] = round(
+                        mine[phase]["output_throughput"] / theirs, 2)
     print(table(results, args.concurrency), file=sys.stderr)
     result = {"bench": "compare_peers", "model": str(model), "num_requests": len(jobs),
               "concurrency": args.concurrency, "clip": [args.clip_input, args.clip_output],
