@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -17,13 +15,9 @@ import itertools
 
 import loadgen
 
+from .app_thread import free_port, serve_in_thread
+
 TTFT, ITL, TOKENS = 0.060, 0.025, 6
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
@@ -45,18 +39,10 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 
 @pytest.fixture(scope="module")
 def fake_server():
-    port = _free_port()
-    loop = asyncio.new_event_loop()
     app = web.Application()
     app.router.add_post("/v1/completions", _completions)
-    runner = web.AppRunner(app)
-    loop.run_until_complete(runner.setup())
-    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-    t = threading.Thread(target=loop.run_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{port}"
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(timeout=5)
+    with serve_in_thread(app) as url:
+        yield url
 
 
 def test_measured_latencies_equal_the_injected_ones(fake_server, tmp_path, capsys):
@@ -79,7 +65,7 @@ def test_measured_latencies_equal_the_injected_ones(fake_server, tmp_path, capsy
 
 
 def test_failures_are_counted(tmp_path):
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     out = tmp_path / "r.json"
     loadgen.main(["--base-url", f"http://127.0.0.1:{port}", "--dataset", "random",
                   "--num-requests", "3", "--no-progress", "--save-result", str(out),

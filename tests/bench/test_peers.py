@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import sys
-import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path[:0] = [str(BENCH), str(BENCH / "peers")]
@@ -26,6 +23,8 @@ from tokenizers import pre_tokenizers  # noqa: E402
 from dualpace import LLM, SamplingParams  # noqa: E402
 from dualpace.demo_model import DemoSpec  # noqa: E402
 from dualpace.tokenizer.tokenizer import Tokenizer  # noqa: E402
+
+from .app_thread import serve_in_thread  # noqa: E402
 
 TINY = DemoSpec(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                 intermediate_size=128, max_position_embeddings=512)
@@ -61,26 +60,12 @@ def test_agreement_check_catches_the_usual_conversion_slip(peer_ckpt, tmp_path):
         peer_model.check_tokenizers_agree(tmp_path)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def floor_url(peer_ckpt):
     import hf_server
 
-    port = _free_port()
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(hf_server.make_app(hf_server.Floor(str(peer_ckpt), threads=1)))
-    loop.run_until_complete(runner.setup())
-    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-    t = threading.Thread(target=loop.run_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{port}"
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(timeout=5)
+    with serve_in_thread(hf_server.make_app(hf_server.Floor(str(peer_ckpt), threads=1))) as url:
+        yield url
 
 
 def _post(url: str, body: dict) -> tuple[int, bytes]:
