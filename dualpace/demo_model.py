@@ -113,13 +113,9 @@ def random_llama_weights(spec: DemoSpec, vocab: int) -> dict[str, torch.Tensor]:
     return w
 
 
-def make_demo_model(out_dir: str | Path, spec: DemoSpec = DemoSpec()) -> Path:
-    """Write the checkpoint to ``out_dir`` (created); returns the directory."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tok = build_byte_tokenizer()
-    vocab = tok.get_vocab_size(with_added_tokens=True) + spec.extra_vocab
-    bos, eos, eot = 256, 257, 260
+def llama_config(spec: DemoSpec, vocab: int, bos: int, eos: int | list[int],
+                 rope_theta: float, rope_scaling: dict | None = None) -> dict:
+    """config.json of a random Llama of ``spec`` (also used by bench/peers)."""
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -133,18 +129,30 @@ def make_demo_model(out_dir: str | Path, spec: DemoSpec = DemoSpec()) -> Path:
         "hidden_act": "silu",
         "max_position_embeddings": spec.max_position_embeddings,
         "rms_norm_eps": 1e-5,
-        "rope_theta": 500000.0,
-        "rope_scaling": {
-            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 1024,
-        },
+        "rope_theta": rope_theta,
         "tie_word_embeddings": False,
         "attention_bias": False,
         "bos_token_id": bos,
-        "eos_token_id": [eos, eot],
+        "eos_token_id": eos,
         "torch_dtype": "float32",
         "dualpace_demo": asdict(spec),
     }
+    if rope_scaling:
+        config["rope_scaling"] = rope_scaling
+    return config
+
+
+def make_demo_model(out_dir: str | Path, spec: DemoSpec = DemoSpec()) -> Path:
+    """Write the checkpoint to ``out_dir`` (created); returns the directory."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_byte_tokenizer()
+    vocab = tok.get_vocab_size(with_added_tokens=True) + spec.extra_vocab
+    bos, eos, eot = 256, 257, 260
+    config = llama_config(spec, vocab, bos, [eos, eot], rope_theta=500000.0, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 1024,
+    })
     (out / "config.json").write_text(json.dumps(config, indent=2))
     (out / "generation_config.json").write_text(
         json.dumps({"bos_token_id": bos, "eos_token_id": [eos, eot]}, indent=2)

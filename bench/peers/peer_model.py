@@ -23,14 +23,13 @@ from __future__ import annotations
 import io
 import json
 import sysconfig
-from dataclasses import asdict
 from pathlib import Path
 
 import sentencepiece as spm
 from safetensors.torch import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
 
-from dualpace.demo_model import DemoSpec, random_llama_weights
+from dualpace.demo_model import DemoSpec, llama_config, random_llama_weights
 
 PEER_SPEC = DemoSpec(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=8,
                      intermediate_size=1376, max_position_embeddings=4096)
@@ -122,17 +121,7 @@ def make_peer_model(out_dir: str | Path, spec: DemoSpec = PEER_SPEC,
     (out / "tokenizer.model").write_bytes(proto)
     hf_tokenizer_from_sentencepiece(proto).save(str(out / "tokenizer.json"))
     check_tokenizers_agree(out)
-    config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": vocab_size, "hidden_size": spec.hidden_size,
-        "intermediate_size": spec.intermediate_size, "num_hidden_layers": spec.num_layers,
-        "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads,
-        "head_dim": spec.hidden_size // spec.num_heads, "hidden_act": "silu",
-        "max_position_embeddings": spec.max_position_embeddings, "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0, "tie_word_embeddings": False, "attention_bias": False,
-        "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32",
-        "dualpace_demo": asdict(spec),
-    }
+    config = llama_config(spec, vocab_size, bos=1, eos=2, rope_theta=10000.0)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     (out / "generation_config.json").write_text(
         json.dumps({"bos_token_id": 1, "eos_token_id": 2}, indent=2))
