@@ -26,6 +26,7 @@ from dualpace.engine.gpu_round import GpuPlan, gpu_round
 from dualpace.engine.metrics import Metrics
 from dualpace.engine.outputs import RequestStream, TokenEvent
 from dualpace.engine.request import EngineRequest, Owner, Phase
+from dualpace.engine.stall import CpuStallClock
 from dualpace.engine.state import Limits, SchedulerState
 from dualpace.kv.block_pool import BlockPool, blocks_for_tokens
 from dualpace.runtime import protocol as P
@@ -53,11 +54,13 @@ def context_length_error(max_model_len: int, prompt_len: int, max_tokens: int) -
 class LLMEngine:
     def __init__(self, workers, *, gpu_blocks: int, host_blocks: int, block_size: int,
                  limits: Limits, policy: str, vocab_size: int, eos_ids: tuple[int, ...],
-                 tokenizer=None, on_round=None):
+                 tokenizer=None, on_round=None, clock=time.monotonic):
         """``workers`` has ``.gpu`` and ``.cpu`` worker groups (``send``, ``step``) and an
         ``available`` event: the runtime, or fakes in scheduler tests.
-        ``on_round(engine, kind, plan)`` is a test hook called after every committed round."""
+        ``on_round(engine, kind, plan)`` is a test hook called after every committed round.
+        ``clock`` stamps arrivals, tokens and stalls (tests script it with fake workers)."""
         self.workers = workers
+        self.clock = clock
         self.state = SchedulerState(BlockPool(gpu_blocks, block_size),
                                     BlockPool(host_blocks, block_size), limits, policy)
         self.block_size = block_size
@@ -78,8 +81,8 @@ class LLMEngine:
         self._cpu_wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self.dead: str | None = None
-        self.longest_cpu_stall = 0.0
-        self._last_cpu_token: float | None = None
+        self.stall = CpuStallClock()
+        self.metrics.collectors.append(self._collect_stall)
         self.draining = False
         self.metrics.set("dualpace:kv_blocks_total", gpu_blocks, tier="gpu")
         self.metrics.set("dualpace:kv_blocks_total", 0 if policy == "gpu-only" else host_blocks,
@@ -151,7 +154,7 @@ class LLMEngine:
                              f"{cap}")
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         r = EngineRequest(next(self._ids), list(prompt_ids), params, seed, max_tokens,
-                          self.block_size)
+                          self.block_size, arrival=self.clock())
         self.requests[r.rid] = r
         detok = (IncrementalDetokenizer(self.tokenizer, prompt_ids)
                  if self.tokenizer is not None else None)
@@ -195,20 +198,20 @@ class LLMEngine:
         cpu_reqs = cpu_batch or []
         if cpu_reqs:
             coros.append(self._cpu_step(cpu_reqs, route=FUSED_ASSIST))
-        t0 = time.monotonic()
+        t0 = self.clock()
         results = await asyncio.gather(*coros, return_exceptions=True)
         done = results[0]
         if isinstance(done, BaseException):
             self._step_failed(involved, done)
         else:
-            self.overlap.observe_gpu(plan.rows, time.monotonic() - t0)
+            self.overlap.observe_gpu(plan.rows, self.clock() - t0)
             self._apply_gpu(plan, rows, done)
         if cpu_reqs:
             self._apply_cpu(cpu_reqs, results[1])
         self._wake()
 
     def _apply_gpu(self, plan: GpuPlan, rows, done: P.StepDone) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for m in plan.swap_out:
             m.req.in_flight = None
             m.req.ready = True
@@ -238,6 +241,7 @@ class LLMEngine:
             self._append_token(r, token, "gpu", now)
         for m in plan.swap_out + plan.swap_in:
             self._settle_abort(m.req)
+        self._update_cpu_readiness(now)  # swap-outs and Prefill-to-CPU became ready
 
     # --- the CPU engine -----------------------------------------------------------------------
     async def _cpu_loop(self) -> None:
@@ -269,14 +273,20 @@ class LLMEngine:
         if isinstance(done, BaseException):
             self._step_failed(reqs, done)
             return
-        now = time.monotonic()
+        now = self.clock()
         if done.assist_calls:
             self.metrics.inc("dualpace:dense_assist_calls_total", done.assist_calls,
                              route=done.route)
+        emitted = False
         for r, token in zip(list(reqs), done.tokens):
             r.in_flight = None
             r.computed = r.num_tokens
-            self._append_token(r, token, "cpu", now)
+            emitted |= self._append_token(r, token, "cpu", now)
+        if emitted:  # one emission per CPU step: Figure 1's curve rises once per step
+            gap = self.stall.emitted(now)
+            if gap is not None:
+                self.metrics.observe("dualpace:cpu_tier_stall_seconds", gap)
+        self._update_cpu_readiness(now)
 
     # --- the gated (NEO-style) baseline ------------------------------------------------------
     async def _gated_loop(self) -> None:
@@ -334,10 +344,11 @@ class LLMEngine:
                 group.send(P.NewRequest(req_id=r.rid, sampling=r.sampling_spec()))
                 r.introduced.add(kind)
 
-    def _append_token(self, r: EngineRequest, token: int, engine: str, now: float) -> None:
+    def _append_token(self, r: EngineRequest, token: int, engine: str, now: float) -> bool:
+        """Appends ``token`` to ``r`` unless an abort is pending; True if it was appended."""
         if r.abort_requested:
             self._finish(r, r.abort_requested)
-            return
+            return False
         r.out.append(token)
         if r.first_token_time is None:
             r.first_token_time = now
@@ -348,8 +359,6 @@ class LLMEngine:
         self.metrics.inc("dualpace:generation_tokens_total", engine=engine)
         if self.trace is not None:
             self.trace.append((now, engine, r.rid))
-        if engine == "cpu":
-            self._note_cpu_progress(now)
         reason = None
         if token in r.params.stop_token_ids or (not r.params.ignore_eos and token in self.eos_ids):
             reason = "stop"
@@ -359,14 +368,22 @@ class LLMEngine:
             self._finish(r, reason, new=[token])
         else:
             self._events.put_nowait(TokenEvent(r.rid, [token]))
+        return True
 
-    def _note_cpu_progress(self, now: float) -> None:
-        """Longest stretch between two CPU-tier tokens while the tier held requests (the
-        stalls of the paper's Figure 1); the clock restarts whenever the tier empties."""
-        if self._last_cpu_token is not None:
-            self.longest_cpu_stall = max(self.longest_cpu_stall, now - self._last_cpu_token)
-            self.metrics.set("dualpace:cpu_tier_longest_stall_seconds", self.longest_cpu_stall)
-        self._last_cpu_token = now
+    # --- CPU-tier stalls (Figure 1) ------------------------------------------------------------
+    def _cpu_tier_ready(self) -> bool:
+        """Some CPU-resident request could decode now: KV on the host, no transfer into the
+        host pool in flight, not finished. Short-circuits on the first ready request."""
+        st = self.state
+        return (any(r.ready and not r.finished for r in st.cpu_running)
+                or any(r.ready and not r.finished for r in st.cpu_waiting))
+
+    def _update_cpu_readiness(self, now: float | None = None) -> None:
+        self.stall.set_ready(self.clock() if now is None else now, self._cpu_tier_ready())
+
+    def _collect_stall(self, close_window: bool) -> None:
+        self.metrics.set("dualpace:cpu_tier_longest_stall_seconds",
+                         self.stall.window_max(self.clock(), close_window))
 
     def _settle_abort(self, r: EngineRequest) -> None:
         if r.abort_requested and not r.in_flight and not r.finished:
@@ -397,8 +414,10 @@ class LLMEngine:
         self.requests.pop(r.rid, None)
         self.metrics.inc("dualpace:request_success_total", finished_reason=reason)
         self.metrics.observe("dualpace:e2e_request_latency_seconds",
-                             time.monotonic() - r.arrival)
+                             self.clock() - r.arrival)
         self._events.put_nowait(TokenEvent(r.rid, new or [], finish_reason=reason, error=error))
+        if r.owner is Owner.CPU:
+            self._update_cpu_readiness()
         self._wake()
 
     def _step_failed(self, reqs: list[EngineRequest], exc: BaseException) -> None:
@@ -413,10 +432,13 @@ class LLMEngine:
         self.metrics.set("dualpace:num_requests_running", len(st.cpu_running), engine="cpu")
         self.metrics.set("dualpace:num_requests_waiting",
                          len(st.gpu_waiting) + len(st.cpu_waiting))
+        self.metrics.set("dualpace:num_requests_waiting_by_engine", len(st.gpu_waiting),
+                         engine="gpu")
+        self.metrics.set("dualpace:num_requests_waiting_by_engine", len(st.cpu_waiting),
+                         engine="cpu")
         self.metrics.set("dualpace:kv_blocks_used", st.gpu_pool.num_used, tier="gpu")
         self.metrics.set("dualpace:kv_blocks_used", st.host_pool.num_used, tier="cpu")
-        if not st.cpu_running and not st.cpu_waiting:
-            self._last_cpu_token = None  # an empty tier is idle, not stalled
+        self._update_cpu_readiness()
         if self.on_round is not None:
             self.on_round(self, kind, plan)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
+from collections.abc import Callable
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -12,6 +13,9 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0
 _HELP = {
     "dualpace:num_requests_running": ("gauge", "Requests in a running batch, per engine."),
     "dualpace:num_requests_waiting": ("gauge", "Requests waiting for an engine."),
+    "dualpace:num_requests_waiting_by_engine": (
+        "gauge", "Requests waiting, per engine: gpu = prompts not yet prefilled, cpu = "
+        "host-resident requests outside the CPU batch; sums to num_requests_waiting."),
     "dualpace:kv_blocks_used": ("gauge", "KV blocks in use, per tier."),
     "dualpace:kv_blocks_total": ("gauge", "KV blocks in the pool, per tier."),
     "dualpace:generation_tokens_total": ("counter", "Generated tokens, per engine."),
@@ -20,10 +24,14 @@ _HELP = {
     "dualpace:kv_migrations_total": ("counter", "KV migrations, per kind."),
     "dualpace:request_success_total": ("counter", "Finished requests, per finish reason."),
     "dualpace:cpu_tier_longest_stall_seconds": (
-        "gauge", "Longest gap between CPU-tier tokens while the tier held requests."),
+        "gauge", "Longest CPU-tier stall since the previous scrape (reset on read), a stall "
+        "still open included."),
     "dualpace:time_to_first_token_seconds": ("histogram", "Time to first token."),
     "dualpace:inter_token_latency_seconds": ("histogram", "Time between two tokens."),
     "dualpace:e2e_request_latency_seconds": ("histogram", "End-to-end request latency."),
+    "dualpace:cpu_tier_stall_seconds": (
+        "histogram", "Gaps between consecutive CPU-tier token emissions, counted only while a "
+        "CPU-resident request was decode-ready (paper Figure 1)."),
 }
 
 
@@ -62,6 +70,9 @@ class Metrics:
         self.gauges: dict[tuple[str, tuple], float] = {}
         self.histograms = {n: Histogram() for n, (kind, _) in _HELP.items()
                            if kind == "histogram"}
+        # Called before every read with ``close_windows``: gauges whose value is computed at
+        # read time (a per-scrape-window maximum) set themselves here.
+        self.collectors: list[Callable[[bool], None]] = []
 
     def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
         self.counters[(name, tuple(sorted(labels.items())))] += value
@@ -72,7 +83,11 @@ class Metrics:
     def observe(self, name: str, value: float) -> None:
         self.histograms[name].observe(value)
 
-    def samples(self) -> dict[str, float]:
+    def samples(self, close_windows: bool = True) -> dict[str, float]:
+        """Every sample. A read closes the per-scrape windows unless ``close_windows`` is
+        False (the dashboard peeks, so it does not steal Prometheus's window)."""
+        for collect in self.collectors:
+            collect(close_windows)
         out: dict[str, float] = {}
         for (name, labels), v in list(self.gauges.items()) + list(self.counters.items()):
             out[name + _labels(dict(labels))] = v
@@ -80,9 +95,9 @@ class Metrics:
             out.update(h.samples(name))
         return out
 
-    def render(self) -> str:
+    def render(self, close_windows: bool = True) -> str:
         """Prometheus text exposition format."""
-        samples = self.samples()
+        samples = self.samples(close_windows)
         lines = []
         for name, (kind, help_text) in _HELP.items():
             lines.append(f"# HELP {name} {help_text}")

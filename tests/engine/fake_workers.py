@@ -5,6 +5,9 @@ KV present in the pool a step runs over) and return deterministic tokens."""
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
+from collections.abc import Callable
 
 from dualpace.runtime import protocol as P
 
@@ -34,9 +37,12 @@ class FakeGroup:
                 self.world.on_host.discard(rid)
 
     async def step(self, batch):
-        await asyncio.sleep(self.world.delay)
-        self.steps += 1
         w = self.world
+        if w.clock is not None:
+            await w.clock.sleep(w.step_time(self.kind, batch))
+        else:
+            await asyncio.sleep(w.delay)
+        self.steps += 1
         ready = []
         if isinstance(batch, P.GpuBatch):
             for m in batch.swap_out:
@@ -76,11 +82,57 @@ class FakeGroup:
                           assist_calls=calls)
 
 
+class VirtualClock:
+    """Scripted time for engine tests: ``sleep(d)`` completes at ``now + d`` virtual
+    seconds, in virtual-time order, and time advances only once the event loop is quiescent
+    (no callback ready: every engine loop waits on a step or a wake event), so a run's
+    timings are exactly the scripted step times whatever the machine's load."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._heap: list[tuple[float, int, asyncio.Future]] = []
+        self._seq = itertools.count()
+        self._pending = asyncio.Event()
+        self._driver: asyncio.Task | None = None
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._heap, (self.now + seconds, next(self._seq), fut))
+        self._pending.set()
+        if self._driver is None or self._driver.done():
+            self._driver = asyncio.create_task(self._drive())
+        await fut
+
+    async def _drive(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(0)
+            while loop._ready:  # CPython's ready queue: let every runnable callback run first
+                await asyncio.sleep(0)
+            if not self._heap:
+                self._pending.clear()
+                await self._pending.wait()
+                continue
+            when, _, fut = heapq.heappop(self._heap)
+            self.now = max(self.now, when)
+            if not fut.done():
+                fut.set_result(None)
+
+
 class FakeWorkers:
-    def __init__(self, vocab: int = 1000, block_size: int = BLOCK, delay: float = 0.0):
+    def __init__(self, vocab: int = 1000, block_size: int = BLOCK, delay: float = 0.0,
+                 clock: VirtualClock | None = None,
+                 step_time: Callable[[str, object], float] | None = None):
+        """``delay``: real seconds per step; with ``clock``, ``step_time(kind, batch)``
+        virtual seconds instead."""
         self.vocab = vocab
         self.block_size = block_size
         self.delay = delay
+        self.clock = clock
+        self.step_time = step_time or (lambda kind, batch: delay)
         self.on_host: set[int] = set()
         self.executed: list[tuple[str, list[int]]] = []
         self.gpu = FakeGroup("gpu", self)
