@@ -7,7 +7,7 @@ STAMP := $(VENV)/.dualpace-installed
 CEXT_SRC := $(wildcard cext/*.c cext/*.h cext/build.py)
 CEXT_STAMP := $(VENV)/.dualpace-cext
 
-.PHONY: install test lint serve clean build-ext install-service bench-peers
+.PHONY: install test lint serve clean build-ext install-service bench-peers install-browser
 
 install: $(STAMP) $(CEXT_STAMP)
 
@@ -28,7 +28,11 @@ build-ext: $(CEXT_STAMP)
 lint: install
 	$(VENV)/bin/ruff check .
 
-test: install
+# Debian's chromium for the dashboard's browser test; skipped (with a note) where it can't be.
+install-browser:
+	bin/install-browser
+
+test: install install-browser
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 

@@ -1,8 +1,9 @@
 """The OpenAI-compatible HTTP front end (aiohttp), with SSE streaming as vLLM serves it.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /health, /metrics,
-/version. Every error is OpenAI-shaped; a client that goes away aborts its requests at once
-(handler cancellation, or a failed write while streaming) so their KV is freed.
+/version, /dashboard (a live page over /metrics). Every error is OpenAI-shaped; a client
+that goes away aborts its requests at once (handler cancellation, or a failed write while
+streaming) so their KV is freed.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from aiohttp import web
 from dualpace import __version__
 from dualpace.engine.llm_engine import EngineDead
 from dualpace.engine.serving import EngineUnavailable, ServingEngine
+from dualpace.server.dashboard import dashboard
 from dualpace.server.errors import APIError, bad_request
 from dualpace.server.requests import (
     chat_prompt,
@@ -55,6 +57,7 @@ class Server:
         self.app.router.add_get("/health", self.health)
         self.app.router.add_get("/metrics", self.metrics)
         self.app.router.add_get("/version", self.version)
+        self.app.router.add_get("/dashboard", dashboard)
 
     # --- middlewares -------------------------------------------------------------------------
     @web.middleware
@@ -282,8 +285,11 @@ class Server:
         return web.json_response({"status": "ok"})
 
     async def metrics(self, request: web.Request) -> web.Response:
+        """Prometheus text. A read closes the per-scrape windows (the longest-stall gauge);
+        ``?peek=1`` reads without closing them (the dashboard, beside Prometheus)."""
         eng = self.serving.engine
-        text = eng.metrics.render() if eng else ""
+        peek = request.query.get("peek", "") in ("1", "true")
+        text = eng.metrics.render(close_windows=not peek) if eng else ""
         return web.Response(text=text, content_type="text/plain", charset="utf-8",
                             headers={"X-Content-Type-Options": "nosniff"})
 
