@@ -6,9 +6,10 @@ Serves the same checkpoint with --policy dualpace, gated and gpu-only (same GPU 
 small enough that the host tier matters; GPU and CPU workers pinned to different cores),
 replays the same Azure conversation slice with bench/loadgen.py at a sweep of rates, and
 reports per policy: the sustainable rate at a normalized-latency target and at a P99-ITL
-target (linear interpolation, never extrapolated), P99 TTFT per rate and the longest CPU-tier
-stall. Targets for this small model: a multiple (--target-factor) of the value measured at
-the lowest rate under gpu-only, the unloaded reference. The last line with --json is
+target (linear interpolation, never extrapolated), P99 TTFT per rate, and per rate the
+CPU-tier stall p99 and longest stall (Figure 1's meaning: gaps while a CPU-resident request
+was ready). Targets for this small model: a multiple (--target-factor) of the value measured
+at the lowest rate under gpu-only, the unloaded reference. The last line with --json is
 {"policies": {"dualpace": {"sustainable_rate": ..}, "gated": {..}, "gpu-only": {..}}, ..};
 plots go to --out.
 """
@@ -24,7 +25,7 @@ import sys
 from pathlib import Path
 
 import loadgen
-from common import REPO, emit, free_port, scrape_metrics, wait_healthy
+from common import REPO, emit, free_port, histogram_quantile, scrape_metrics, wait_healthy
 
 POLICIES = ("dualpace", "gated", "gpu-only")
 TRACE = REPO.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
@@ -42,21 +43,28 @@ def start_server(model: str, policy: str, args) -> tuple[subprocess.Popen, str]:
     return proc, url
 
 
+def loadgen_args(url: str, seed: int) -> argparse.Namespace:
+    """loadgen.run_rate's options for one Poisson run against ``url``."""
+    return argparse.Namespace(base_url=url, model=None, api_key=None, burstiness=1.0,
+                              seed=seed, replay_timestamps=False, timestamp_scale=1.0,
+                              max_concurrency=0, request_timeout=3600, save_detailed=False,
+                              no_progress=True)
+
+
 def run_policy(model: str, policy: str, jobs, args) -> list[dict]:
     proc, url = start_server(model, policy, args)
     runs = []
+    before = scrape_metrics(url)  # also opens the first longest-stall window
     try:
         for rate in args.rates:
-            lg = argparse.Namespace(base_url=url, model=None, api_key=None, burstiness=1.0,
-                                    seed=args.seed, replay_timestamps=False,
-                                    timestamp_scale=1.0, max_concurrency=0,
-                                    request_timeout=3600, save_detailed=False,
-                                    no_progress=True)
-            run = asyncio.run(loadgen.run_rate(lg, jobs, rate))
-            m = scrape_metrics(url)
+            run = asyncio.run(loadgen.run_rate(loadgen_args(url, args.seed), jobs, rate))
+            m = scrape_metrics(url)  # closes this rate's longest-stall window
             run["cpu_tier_longest_stall_s"] = m.get("dualpace:cpu_tier_longest_stall_seconds",
                                                     0.0)
+            run["cpu_stall_p99_s"] = histogram_quantile(
+                0.99, "dualpace:cpu_tier_stall_seconds", m, before)
             run["cpu_tokens"] = m.get('dualpace:generation_tokens_total{engine="cpu"}', 0.0)
+            before = m
             runs.append(run)
             print(f"{policy} rate {rate}: norm {run['mean_normalized_latency_s']:.3f} s/tok, "
                   f"p99 itl {run['p99_itl_ms']:.0f} ms, p99 ttft {run['p99_ttft_ms']:.0f} ms",
@@ -89,25 +97,23 @@ def plot(results: dict, targets: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_workload_args(ap: argparse.ArgumentParser, out: str) -> None:
+    """The checkpoint, trace slice and server shape (shared with dashboard_snapshot.py)."""
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--model", default=None, help="checkpoint (default: a small demo model)")
     ap.add_argument("--trace", default=str(TRACE))
     ap.add_argument("--num-requests", type=int, default=80)
     ap.add_argument("--clip-input", type=int, default=256)
     ap.add_argument("--clip-output", type=int, default=128)
-    ap.add_argument("--rates", default="2,4,8,12,16")
     ap.add_argument("--gpu-kv-blocks", type=int, default=48)
     ap.add_argument("--cpu-kv-gib", type=float, default=0.5)
     ap.add_argument("--max-num-seqs", type=int, default=64)
-    ap.add_argument("--target-factor", type=float, default=3.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "compare"))
-    args = ap.parse_args()
-    args.rates = [float(x) for x in args.rates.split(",")]
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / out))
+
+
+def prepare(args) -> tuple[str, list]:
+    """The checkpoint (a 4-layer demo model unless --model) and the loadgen jobs."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model = args.model
@@ -123,6 +129,20 @@ def main() -> None:
     else:
         jobs = loadgen.random_jobs(args.num_requests, args.clip_input // 2,
                                    args.clip_output // 2, 0.9, 256, args.seed)
+    return model, jobs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_workload_args(ap, "compare")
+    ap.add_argument("--rates", default="2,4,8,12,16")
+    ap.add_argument("--target-factor", type=float, default=3.0)
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    args = ap.parse_args()
+    args.rates = [float(x) for x in args.rates.split(",")]
+    out = Path(args.out)
+    model, jobs = prepare(args)
     policies = args.policies.split(",")
     results = {p: run_policy(model, p, jobs, args) for p in policies}
     ref = results.get("gpu-only", next(iter(results.values())))[0]
@@ -144,6 +164,8 @@ def main() -> None:
                                           for r in runs},
             "p99_itl_ms": {str(r["request_rate"]): round(r["p99_itl_ms"], 1) for r in runs},
             "longest_cpu_stall_s": max(r["cpu_tier_longest_stall_s"] for r in runs),
+            "cpu_stall_p99_s": {str(r["request_rate"]): r["cpu_stall_p99_s"] and
+                                round(r["cpu_stall_p99_s"], 4) for r in runs},
             "cpu_tokens": runs[-1]["cpu_tokens"],
         }
     (out / "compare.json").write_text(json.dumps({"summary": summary, "runs": results},
