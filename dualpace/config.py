@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_CPU_BATCH_LIMIT = 256  # C without a profile: the paper's setting (§6.4)
 
 
 FLAG_HELP = {
@@ -22,11 +23,13 @@ FLAG_HELP = {
     "max_model_len": "longest prompt + output (0: the checkpoint's limit)",
     "max_num_seqs": "most requests in a GPU batch / owned by the CPU tier",
     "policy": "dualpace | gated (NEO-style baseline) | gpu-only (vLLM-style baseline)",
-    "cpu_batch_limit": "CPU decode batch limit C (0: --max-num-seqs)",
+    "cpu_batch_limit": "CPU decode batch limit C (0: the profile's, else 256)",
     "cpu_kv_gib": "host (CPU-tier) KV pool size in GiB",
     "cpu_dtype": "CPU-worker compute dtype: auto (bfloat16 with AMX, else float32)",
     "max_num_batched_tokens": "GPU batched-token limit (chunked prefill, staging size)",
-    "assist_thresholds": "'P,F' Dense Assist routing thresholds (Eq. 5); default 0,0",
+    "assist_thresholds": "'P,F' post-attention routing (Eq. 5): Full-CPU b<=F, Split-Final "
+                         "F<b<=P, Fused-Assist b>P; 0,0 = always Fused-Assist; default: the "
+                         "profile's, else none (F = C, Dense Assist off)",
     "gpu_cores": "cores of the GPU worker(s), e.g. 0-1 (default: a quarter of the allowed)",
     "cpu_cores": "cores of the CPU worker(s), e.g. 2-15 (default: the rest)",
     "gpu_tp": "tensor-parallel ranks of the GPU worker group",
@@ -45,14 +48,14 @@ class EngineConfig:
     block_size: int = 16
     gpu_kv_blocks: int = 0  # 0: sized from --max-num-seqs x --max-model-len
     max_model_len: int = 0  # 0: the checkpoint's max_position_embeddings
-    max_num_seqs: int = 64
+    max_num_seqs: int = 64  # rows of a GPU batch (not a bound on the CPU tier)
     # --- the dual-engine runtime ----------------------------------------------------------
     policy: str = "dualpace"  # dualpace | gated (NEO-style) | gpu-only (vLLM-style)
-    cpu_batch_limit: int = 0  # C, the CPU decode batch limit (0: the profile, else max_num_seqs)
+    cpu_batch_limit: int = 0  # C, the CPU decode batch limit (0: the profile's, else 256)
     cpu_kv_gib: float = 2.0  # host (CPU-tier) KV pool
     cpu_dtype: str = "auto"  # CPU worker compute dtype: "auto" = bfloat16 with AMX, else fp32
     max_num_batched_tokens: int = 2048  # GPU batched-token limit (also the staging size)
-    assist_thresholds: str = ""  # "P,F" (Eq. 5); empty = from --profile, else "0,0"
+    assist_thresholds: str = ""  # "P,F" (Eq. 5); empty = from --profile, else no assist
     gpu_cores: str = ""  # e.g. "0-3"; empty = split the allowed cores
     cpu_cores: str = ""
     gpu_tp: int = 1  # tensor-parallel ranks (processes) of the GPU worker group
@@ -109,16 +112,27 @@ class EngineConfig:
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.gpu_device)
 
-    def thresholds(self) -> tuple[int, int]:
-        """(P, F) of the post-attention routing (Eq. 5)."""
-        from dualpace.runtime.routing import parse_thresholds
+    def cpu_batch_limit_or_default(self) -> int:
+        """C: the flag, else (once a profile was applied) the profile's, else the paper's
+        256 (Fig. 7b, §6.4). It bounds the CPU batch, not the CPU-owned population: that is
+        bounded by host KV (Eq. 2)."""
+        return self.cpu_batch_limit or DEFAULT_CPU_BATCH_LIMIT
 
-        return parse_thresholds(self.assist_thresholds) if self.assist_thresholds else (0, 0)
+    def thresholds(self) -> tuple[int, int]:
+        """(P, F) of the post-attention routing (Eq. 5); with none configured, F = C: every
+        batch the tier can form is Full-CPU and the GPU runs whole forwards (§4.2)."""
+        from dualpace.runtime.routing import no_assist, parse_thresholds
+
+        if self.assist_thresholds:
+            return parse_thresholds(self.assist_thresholds)
+        return no_assist(self.cpu_batch_limit_or_default())
 
     def staging_blocks(self) -> int:
         """GPU staging blocks for Prefill-to-CPU: one layer of a full batched-token budget,
+        or of the longest prompt (one past the batched-token limit goes alone in its round),
         plus one block per row for the rounding of each prompt's last block."""
-        return -(-self.max_num_batched_tokens // self.block_size) + self.max_num_seqs
+        tokens = max(self.max_num_batched_tokens, self.max_model_len)
+        return -(-tokens // self.block_size) + self.max_num_seqs
 
     def cpu_torch_dtype(self) -> torch.dtype:
         """BF16 where the CPU has AMX (oneDNN BF16 through torch is fast there), else FP32:

@@ -26,6 +26,7 @@ def test_profile_fills_defaults_and_flags_win(tmp_path):
     ("{", "not valid JSON"), ("[1]", "JSON object"),
     ('{"assist_thresholds": [1]}', "assist_thresholds"),
     ('{"cpu_batch_limit": 0}', "cpu_batch_limit"),
+    ('{"assist_thresholds": [0, 0]}', "before Eq. 5 was read literally"),
 ])
 def test_bad_profiles(tmp_path, content, match):
     prof = tmp_path / "p.json"
@@ -34,3 +35,9 @@ def test_bad_profiles(tmp_path, content, match):
         apply_profile(EngineConfig(model="m", profile=str(prof)))
     with pytest.raises(ValueError, match="does not exist"):
         apply_profile(EngineConfig(model="m", profile=str(tmp_path / "nope.json")))
+
+
+def test_format_2_zero_zero_is_always_fused_assist(tmp_path):
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps({"format": 2, "assist_thresholds": [0, 0]}))
+    assert apply_profile(EngineConfig(model="m", profile=str(prof))).thresholds() == (0, 0)

@@ -42,7 +42,7 @@ class ServingEngine:
         eos = mc.eos_token_ids or ((self.tokenizer.eos_token_id,)
                                    if self.tokenizer.eos_token_id is not None else ())
         limits = Limits(max_num_seqs=cfg.max_num_seqs, gpu_token_limit=cfg.max_num_batched_tokens,
-                        cpu_batch_limit=cfg.cpu_batch_limit or cfg.max_num_seqs,
+                        cpu_batch_limit=cfg.cpu_batch_limit_or_default(),
                         max_model_len=cfg.max_model_len, staging_blocks=cfg.staging_blocks())
         self.engine = LLMEngine(rt, gpu_blocks=cfg.gpu_kv_blocks,
                                 host_blocks=rt.sizing.host_kv.num_blocks,

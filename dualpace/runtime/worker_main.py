@@ -115,7 +115,7 @@ class WorkerProcess:
                                 cfg.block_size, local.head_dim, dtype, device)
             heads = head_ranges(full.num_kv_heads, spec.tp_size, spec.num_host_regions,
                                 spec.rank)
-            reachable = assist_reachable(cfg.max_num_seqs, p, f)
+            reachable = assist_reachable(cfg.cpu_batch_limit_or_default(), p, f)
             return GpuWorker(model, kv, staging, regions, heads, channel, reachable,
                              spec.rank, spec.tp_size, decisions)
         dtype = DTYPES[host.dtype]

@@ -37,9 +37,18 @@ def test_algorithm1_tolerance_prefers_fewer_assist_calls():
     assert choose_thresholds(s, num_layers=32, eps=0.02) == (64, 16)
 
 
-def test_algorithm1_full_cpu_everywhere_gives_zero_zero():
-    s = _scores({1: (1.0, 3.0, 9.0), 4: (2.0, 3.5, 9.0), 16: (3.0, 4.0, 9.0)})
+def test_algorithm1_fused_assist_everywhere_gives_zero_zero():
+    # Eq. 5 read literally: (0, 0) routes every batch b >= 1 to Fused-Assist.
+    s = _scores({1: (9.0, 8.0, 1.0), 4: (9.0, 8.0, 2.0), 16: (9.0, 8.0, 3.0)})
     assert choose_thresholds(s, num_layers=8, eps=0.0) == (0, 0)
+
+
+def test_algorithm1_full_cpu_everywhere_keeps_split_final_at_the_largest_batch():
+    # Θ's pairs have F < P with both in B ∪ {0}: the largest profiled batch is never
+    # Full-CPU. The best pair is (16, 4): Full-CPU to 4, Split-Final at 16 (mean 7/3).
+    # No assist at all is F >= C, a deployment's choice (§4.2), not one of Θ's pairs.
+    s = _scores({1: (1.0, 3.0, 9.0), 4: (2.0, 3.5, 9.0), 16: (3.0, 4.0, 9.0)})
+    assert choose_thresholds(s, num_layers=8, eps=0.0) == (16, 4)
 
 
 def test_route_scores_follow_eq6_to_8():

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from dualpace.config import EngineConfig
+from dualpace.model.config import load_model_config
 from dualpace.runtime.routing import FULL_CPU, FUSED_ASSIST, SPLIT_FINAL
 from dualpace.runtime.supervisor import Runtime
 
@@ -80,7 +81,7 @@ def test_gpu_decode_swap_out_cpu_decode_swap_in(llama_checkpoint, tp):
 
 @pytest.mark.parametrize("tp", TP)
 @pytest.mark.parametrize("thresholds,route", [
-    ("0,0", FULL_CPU), ("8,0", SPLIT_FINAL), ("1,0", FUSED_ASSIST),
+    ("", FULL_CPU), ("8,0", SPLIT_FINAL), ("0,0", FUSED_ASSIST),
 ])
 def test_prefill_to_cpu_then_each_route(llama_checkpoint, thresholds, route, tp):
     """(c) Prefill-to-CPU (layer-wise staging copies), CPU decode forced onto each route."""
@@ -104,6 +105,7 @@ def test_prefill_to_cpu_then_each_route(llama_checkpoint, thresholds, route, tp)
     for p, out in zip(prompts, outs):
         assert out == hf_greedy(hf, p, len(out))
     assert set(d.routes) == {route}
-    calls = {FULL_CPU: 0, SPLIT_FINAL: 1, FUSED_ASSIST: 3}[route] * len(d.routes)
+    layers = load_model_config(str(path)).num_layers
+    calls = {FULL_CPU: 0, SPLIT_FINAL: 1, FUSED_ASSIST: layers}[route] * len(d.routes)
     assert d.assist_calls == calls
     assert stats["gpu"].assist_served == calls and stats["cpu"].assist_calls == calls
