@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dualpace.engine.request import EngineRequest, Owner, Phase
+from dualpace.engine.request import EngineRequest
 from dualpace.engine.state import SchedulerState
 
 
@@ -34,15 +34,9 @@ def step1_budgets(st: SchedulerState) -> _Budget:
 
 
 def _fits(st: SchedulerState, b: _Budget, r: EngineRequest) -> bool:
-    """Row limit, then the host KV envelope with r's next token and finish growth."""
+    """Row limit C, then Eq. 2 with r's next token and finish growth (the migration reserve
+    B_C^migration counts as unavailable)."""
     return len(b.selected) < b.rows and st.host_fits(growth=b.growth + r.growth_blocks())
-
-
-def _liveness_fallback(st: SchedulerState, b: _Budget, r: EngineRequest) -> bool:
-    """An idle CPU tier admits its ready head even into the migration reserve when the host
-    can hold its growth: the reserve protects future evictions, but a tier that can never
-    run would hold its host KV forever (and with it, the evictions' space)."""
-    return not b.selected and st.host_fits(growth=r.growth_blocks(), migration=0)
 
 
 def step2_preserve_running_frontier(st: SchedulerState, b: _Budget, plan: CpuPlan) -> None:
@@ -77,7 +71,7 @@ def step3_admit_ready_prefix(st: SchedulerState, b: _Budget, plan: CpuPlan) -> N
             continue
         if not r.ready or r.swap_in_mark:
             break
-        if not _fits(st, b, r) and not _liveness_fallback(st, b, r):
+        if not _fits(st, b, r):
             break
         st.cpu_waiting.popleft()
         b.selected.append(r)
@@ -85,36 +79,46 @@ def step3_admit_ready_prefix(st: SchedulerState, b: _Budget, plan: CpuPlan) -> N
 
 
 def step4_wait_on_readiness(st: SchedulerState, b: _Budget, plan: CpuPlan) -> None:
-    if not b.selected and st.cpu_waiting and not st.cpu_waiting[0].ready:
-        plan.wait_for = st.cpu_waiting[0]
-    elif not b.selected and st.cpu_waiting:
-        _progress_guarantee(st, b, plan)
-
-
-def _progress_guarantee(st: SchedulerState, b: _Budget, plan: CpuPlan) -> None:
-    """Liveness beyond the paper's envelope. When the idle tier cannot reserve its ready
-    head's whole finish growth (host KV held by waiting requests whose peaks do not all
-    fit), run the head with next-token allocation only; if not even one block is free,
-    recompute-preempt the youngest waiting request (its KV is dropped and it re-enters the
-    GPU waiting queue, as vLLM preempts), so the oldest request always advances."""
-    head = st.cpu_waiting[0]
-    if head.swap_in_mark or head.finished:
+    st.cpu_head_claim = 0
+    if b.selected or not st.cpu_waiting:
         return
-    while head.blocks_for_next() > st.host_pool.num_free:
-        victims = [r for r in st.cpu_waiting if r is not head and not r.in_flight
-                   and r.ready and not r.finished]
-        if not victims:
-            return
-        victim = victims[-1]
+    head = st.cpu_waiting[0]
+    if not head.ready:
+        plan.wait_for = head
+    elif not head.swap_in_mark and not head.finished:
+        _progress_guarantee(st, b, plan, head)
+
+
+def _progress_guarantee(st: SchedulerState, b: _Budget, plan: CpuPlan,
+                        head: EngineRequest) -> None:
+    """Liveness beyond the paper's envelope, with Eq. 2 kept whole. The idle tier's ready
+    head is excluded by Eq. 2 only when host KV is held by waiting requests (their growth is
+    reserved only while they run, so their peaks need not fit together) or by the migration
+    reserve; the paper's rules would then wait for ever on the first. If recompute-
+    preempting younger waiting requests (their KV dropped, back to the GPU waiting queue, as
+    vLLM preempts) makes room, the youngest go until the head fits. If only the reserve
+    stands in the way, the head waits, as A.2 step 4 says, and claims its growth so the GPU
+    round's admissions cannot grow the reserve past it: GPU requests finish, the reserve
+    shrinks, the head runs."""
+    cap = st.host_pool.num_blocks
+    over = (st.host_pool.num_used + head.growth_blocks() + st.migration_reserve) - cap
+    victims = [r for r in reversed(st.cpu_waiting) if r is not head and r.ready
+               and not r.in_flight and not r.finished]
+    if over > sum(len(v.blocks) for v in victims):
+        st.cpu_head_claim = head.growth_blocks()
+        return
+    for victim in victims:
+        if over <= 0:
+            break
+        over -= len(victim.blocks)
         st.cpu_waiting.remove(victim)
         st.host_pool.free(victim.blocks)
-        victim.blocks, victim.computed, victim.phase = [], 0, Phase.WAITING
-        victim.owner, victim.known = Owner.GPU, {"gpu": -1, "cpu": -1}
-        victim.preemptions += 1
+        victim.reset_for_recompute()
         st.gpu_waiting.appendleft(victim)
         plan.recomputed.append(victim)
     st.cpu_waiting.popleft()
     b.selected.append(head)
+    b.growth += head.growth_blocks()
 
 
 def step5_commit(st: SchedulerState, b: _Budget, plan: CpuPlan) -> None:

@@ -3,7 +3,8 @@ their sequence. Torch-free: it decides and commits blocks/ownership, it does not
 
 Policies share the steps: ``dualpace`` uses them all; ``gpu-only`` (vLLM-style) has no host
 tier and recompute-preempts the newest request; ``gated`` (NEO-style) admits prompts only to
-the GPU tier's decision rules and lets the GPU loop add CPU-resident decodes (gated.py).
+the GPU tier's decision rules and lets the GPU loop add CPU-resident decodes
+(LLMEngine._gated_loop).
 """
 
 from __future__ import annotations
@@ -52,11 +53,20 @@ class _Budget:
 
 
 def _gpu_population(st: SchedulerState, plan: GpuPlan) -> list[EngineRequest]:
+    """Q_G after the round's decisions, in eviction-priority order (the tail goes first):
+    GPU-owned requests, this round's admissions, then requests marked for a swap-in."""
     evicted = {m.req.rid for m in plan.swap_out}
     pop = [r for r in st.gpu_running if r.rid not in evicted]
     pop += [r for r, _ in plan.prefills if r not in pop] + [m.req for m in plan.swap_in]
-    pop += [r for r in st.cpu_running if r.swap_in_mark]
+    taken = {m.req.rid for m in plan.swap_in}
+    pop += [r for r in st.marked() if r.rid not in taken]
     return pop
+
+
+def _admission_growth(st: SchedulerState) -> int:
+    """The growth term of Eq. 2 for the GPU round's admissions: the CPU running queue's
+    (Eq. 3) plus what an idle CPU tier's blocked head claimed (liveness, see cpu_round)."""
+    return st.cpu_growth() + st.cpu_head_claim
 
 
 # --- step 1 ---------------------------------------------------------------------------------
@@ -81,22 +91,32 @@ def step2_next_token_feasibility(st: SchedulerState, plan: GpuPlan, b: _Budget) 
     if st.policy == "gpu-only":
         return _recompute_preempt(st, plan, b, decodes)
     deficit = need - b.free
+    population = _gpu_population(st, plan)
     for r in reversed(decodes):
         if deficit <= 0:
             break
         n = blocks_for_tokens(r.num_tokens - 1, st.host_pool.block_size)
-        # Evictions may use the migration reserve: that is what it was kept for.
-        if st.host_fits(planned=plan.host_planned + n, migration=0):
+        # Evictions may use the migration reserve (that is what it was kept for), and only
+        # that: Eq. 2 is checked with the reserve of the population the victim leaves, so it
+        # still holds once the victim's KV is on the host.
+        rest = [q for q in population if q is not r]
+        if st.host_fits(planned=plan.host_planned + n, migration=st.migration_reserve_for(rest)):
             plan.swap_out.append(Move(r, list(r.blocks), [], r.num_tokens - 1))
             plan.host_planned += n
+            population = rest
             deficit -= len(r.blocks) + r.blocks_for_next()
     victims = {m.req.rid for m in plan.swap_out}
     remaining = [r for r in decodes if r.rid not in victims]
     if not plan.swap_out:  # nothing can move: run the decodes that fit
+        free = b.free  # step 4 charges the admitted decodes' next tokens to b.free
         for r in remaining:
-            if r.blocks_for_next() <= b.free:
-                b.free -= r.blocks_for_next()
+            if r.blocks_for_next() <= free:
+                free -= r.blocks_for_next()
                 plan.decodes.append(r)
+        if not plan.decodes:
+            # Liveness beyond the paper: no decode can grow and the host takes no victim, so
+            # recompute-preempt the newest (as vLLM does) rather than stall the GPU tier.
+            _recompute_preempt(st, plan, b, remaining)
         return True
     if deficit > 0:  # partial relief: migrate now, re-evaluate after the transfers
         return False
@@ -145,12 +165,46 @@ def _swap_in_prefix(st: SchedulerState, plan: GpuPlan, b: _Budget) -> None:
         b.tokens -= 1
 
 
+def _mark_need(r: EngineRequest, block_size: int) -> int:
+    """HBM a deferred swap-in takes: the request's KV and its next token (A.1 step 6)."""
+    return blocks_for_tokens(r.num_tokens + 1, block_size)
+
+
+def _hold_marks(st: SchedulerState, plan: GpuPlan, b: _Budget) -> None:
+    """A mark reserves GPU rows, tokens, HBM and finish-peak HBM until its swap-in commits
+    (A.1 step 6), in every round, not only the one that set it: a marked request the CPU
+    engine has yielded is swapped in now, first; one it still runs keeps its reservation.
+    A mark that no longer fits (GPU decodes' growth comes first) is withdrawn, and so is
+    every mark in a round that evicts (HBM is short)."""
+    for r in st.marked():
+        if plan.swap_out:
+            r.swap_in_mark = False
+            continue
+        need = _mark_need(r, st.gpu_pool.block_size)
+        yielded = r in st.cpu_waiting
+        if yielded and r.ready and not r.in_flight:
+            need = blocks_for_tokens(r.num_tokens, st.gpu_pool.block_size)
+        if b.rows < 1 or b.tokens < 1 or need > b.free or (
+                b.peak + r.peak_blocks > st.gpu_pool.num_blocks):
+            r.swap_in_mark = False
+            continue
+        if yielded and r.ready and not r.in_flight:
+            plan.swap_in.append(Move(r, list(r.blocks), [], r.num_tokens - 1))
+        b.free -= need
+        b.peak += r.peak_blocks
+        b.rows -= 1
+        b.tokens -= 1
+
+
 def step4_admit_decodes_and_early_swap_in(st: SchedulerState, plan: GpuPlan, b: _Budget) -> None:
     b.rows -= len(plan.decodes)
     b.tokens -= len(plan.decodes)
     b.free -= sum(r.blocks_for_next() for r in plan.decodes)
+    if st.policy == "gpu-only":
+        return
+    _hold_marks(st, plan, b)
     cpu_full = len(st.cpu_running) >= st.limits.cpu_batch_limit
-    if st.policy != "gpu-only" and cpu_full and st.cpu_waiting and not plan.swap_out:
+    if cpu_full and st.cpu_waiting and not plan.swap_out:
         _swap_in_prefix(st, plan, b)
 
 
@@ -158,7 +212,17 @@ def step4_admit_decodes_and_early_swap_in(st: SchedulerState, plan: GpuPlan, b: 
 def step5_admit_prefills(st: SchedulerState, plan: GpuPlan, b: _Budget) -> None:
     """FIFO prompt admission: chunks of prompts already prefilling first, then new prompts,
     each Prefill-to-GPU when its persistent KV fits HBM, else Prefill-to-CPU; once one goes
-    to the CPU tier the rest of the round follows it (no smaller prompt jumps the queue)."""
+    to the CPU tier the rest of the round follows it (no smaller prompt jumps the queue).
+    Both destinations are admitted only while Eq. 2 holds in full: B_C^planned, the CPU
+    running growth and the reserve of the GPU population *after* this round's admissions.
+    The CPU-owned population is bounded by host KV, not by a row count.
+
+    A prompt longer than the batched-token limit can go Prefill-to-CPU alone in a round past
+    the limit (the paper's "hard token limit" beside the profiled one), staged whole: chunking
+    it through the one-layer staging area would need its earlier chunks' KV of every layer
+    on the GPU for the later chunks' attention (the HBM it was sent away to save) or read
+    back from the host per chunk; one long step instead delays the round's GPU decodes once,
+    as a prompt without chunked prefill does in vLLM."""
     for r in st.gpu_running:
         if r.phase is Phase.PREFILL and b.tokens > 0 and b.rows > 0:
             n = min(r.num_tokens - r.computed, b.tokens)
@@ -168,17 +232,20 @@ def step5_admit_prefills(st: SchedulerState, plan: GpuPlan, b: _Budget) -> None:
     to_cpu_mode = False
     staging = st.limits.staging_blocks
     population = _gpu_population(st, plan)  # grows as prompts are admitted to the GPU
+    growth = _admission_growth(st)
     for r in st.gpu_waiting:
         if r.finished:
             continue
         total = r.num_tokens  # prompt, or prompt + outputs when recomputing
-        if b.rows < 1 or b.tokens < 1:
+        alone = total > st.limits.gpu_token_limit and not plan.prefills and not plan.to_cpu
+        if b.rows < 1 or (b.tokens < 1 and not alone):
             break
         need = blocks_for_tokens(total, st.gpu_pool.block_size)
-        if not to_cpu_mode and need <= b.free and len(st.gpu_running) + b_new(plan) < (
-                st.limits.max_num_seqs):
+        if (not to_cpu_mode and b.tokens >= 1 and need <= b.free
+                and len(st.gpu_running) + b_new(plan) < st.limits.max_num_seqs):
             reserve = st.migration_reserve_for([*population, r])
-            if st.policy == "gpu-only" or st.host_fits(migration=reserve):
+            if st.policy == "gpu-only" or st.host_fits(planned=plan.host_planned,
+                                                        growth=growth, migration=reserve):
                 n = min(total, b.tokens)
                 plan.prefills.append((r, n))
                 population.append(r)
@@ -189,11 +256,11 @@ def step5_admit_prefills(st: SchedulerState, plan: GpuPlan, b: _Budget) -> None:
                 continue
         if st.policy == "gpu-only":
             break
-        cpu_owned = len(st.cpu_running) + len(st.cpu_waiting) + len(plan.to_cpu)
         n_host = blocks_for_tokens(total, st.host_pool.block_size)
-        if total > b.tokens or n_host > staging or cpu_owned >= st.limits.max_num_seqs:
+        if (total > b.tokens and not alone) or n_host > staging:
             break
-        if not st.host_fits(planned=plan.host_planned + n_host):
+        if not st.host_fits(planned=plan.host_planned + n_host, growth=growth,
+                            migration=st.migration_reserve_for(population)):
             break
         plan.to_cpu.append(r)
         to_cpu_mode = True
@@ -218,13 +285,15 @@ def step6_residual_swap_in(st: SchedulerState, plan: GpuPlan, b: _Budget,
     for r in st.cpu_running:  # deferred swap-in marks: reserve now, move at a CPU boundary
         if r.swap_in_mark or r.finished:
             continue
-        need = blocks_for_tokens(r.num_tokens + 1, st.gpu_pool.block_size)
-        if b.rows < 1 or need > b.free or b.peak + r.peak_blocks > st.gpu_pool.num_blocks:
+        need = _mark_need(r, st.gpu_pool.block_size)
+        if (b.rows < 1 or b.tokens < 1 or need > b.free
+                or b.peak + r.peak_blocks > st.gpu_pool.num_blocks):
             break
         r.swap_in_mark = True
         b.free -= need
         b.peak += r.peak_blocks
         b.rows -= 1
+        b.tokens -= 1
 
 
 # --- step 7 ---------------------------------------------------------------------------------
@@ -244,9 +313,7 @@ def step7_commit(st: SchedulerState, plan: GpuPlan) -> None:
     for r in plan.preempted:
         st.gpu_running.remove(r)
         st.gpu_pool.free(r.blocks)
-        r.blocks, r.computed, r.phase = [], 0, Phase.WAITING
-        r.known["gpu"] = -1
-        r.preemptions += 1
+        r.reset_for_recompute()
         st.gpu_waiting.appendleft(r)
     for m in plan.swap_in:
         r = m.req
@@ -284,7 +351,9 @@ def gpu_round(st: SchedulerState) -> GpuPlan:
                 rows=st.limits.max_num_seqs, peak=population_peak)
     cpu_waiting_was_empty = not st.cpu_waiting
     if not step2_next_token_feasibility(st, plan, b):
-        plan.decodes = []  # a migration-only round
+        plan.decodes = []  # a migration-only round: HBM is short, marks are withdrawn
+        for r in st.marked():
+            r.swap_in_mark = False
         step3_migration_reserve(st, plan)
         step7_commit(st, plan)
         return plan

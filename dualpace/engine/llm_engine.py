@@ -249,6 +249,8 @@ class LLMEngine:
             await self.workers.available.wait()
             plan = cpu_round(self.state)
             self._after_round("cpu", plan)
+            if plan.recomputed:  # preempted back to the GPU waiting queue
+                self._gpu_wake.set()
             if not plan.batch:
                 await self._sleep(self._cpu_wake)
                 continue

@@ -81,6 +81,15 @@ class EngineRequest:
     def finished(self) -> bool:
         return self.phase is Phase.FINISHED
 
+    def reset_for_recompute(self) -> None:
+        """Recompute preemption (vLLM's): the KV is dropped (the caller frees ``blocks``) and
+        the request re-enters the GPU waiting queue as a prompt of prompt + outputs so far.
+        Both engines' tables start over and a deferred swap-in mark is void."""
+        self.blocks, self.computed, self.phase = [], 0, Phase.WAITING
+        self.owner, self.ready, self.swap_in_mark = Owner.GPU, True, False
+        self.known = {"gpu": -1, "cpu": -1}
+        self.preemptions += 1
+
     def sampling_spec(self) -> SamplingSpec:
         p = self.params
         return SamplingSpec(temperature=float(p.temperature), top_p=float(p.top_p),

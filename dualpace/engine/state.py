@@ -14,9 +14,10 @@ POLICIES = ("dualpace", "gated", "gpu-only")
 
 @dataclass(frozen=True)
 class Limits:
-    max_num_seqs: int  # rows of a GPU batch, and the CPU-owned population bound
+    max_num_seqs: int  # rows of a GPU batch
     gpu_token_limit: int  # GPU batched-token limit (profile or --max-num-batched-tokens)
-    cpu_batch_limit: int  # C: the CPU decode batch limit (profile or --max-num-seqs)
+    cpu_batch_limit: int  # C: the CPU decode batch limit (flag, profile, else 256); the
+    # CPU-owned population is bounded by host KV (Eq. 2), not by a row count
     max_model_len: int
     staging_blocks: int = 1 << 30  # GPU staging blocks for one round's Prefill-to-CPU
 
@@ -35,6 +36,10 @@ class SchedulerState:
         self.cpu_waiting: deque[EngineRequest] = deque()  # CPU-owned, not in the active batch
         self.cpu_running: list[EngineRequest] = []  # the CPU active batch
         self.migration_reserve = 0  # B_C^migration, published by the GPU round
+        # Host blocks the idle CPU tier's ready head needs but cannot get because of the
+        # migration reserve (published by the CPU round, counted as growth by the GPU
+        # round's admissions so they cannot grow the reserve past it: CPU-tier liveness).
+        self.cpu_head_claim = 0
 
     # --- Eq. 2-4 --------------------------------------------------------------------------
     def cpu_growth(self, running: list[EngineRequest] | None = None) -> int:
@@ -48,6 +53,20 @@ class SchedulerState:
         g = self.cpu_growth() if growth is None else growth
         m = self.migration_reserve if migration is None else migration
         return self.host_pool.num_used + planned + g + m <= self.host_pool.num_blocks
+
+    def eq2_violation(self) -> str | None:
+        """Eq. 2 in full between rounds (B_C^planned is then materialised in used):
+        a description of the violation, or None."""
+        used, growth = self.host_pool.num_used, self.cpu_growth()
+        m, cap = self.migration_reserve, self.host_pool.num_blocks
+        if used + growth + m <= cap:
+            return None
+        return f"Eq. 2: used {used} + growth {growth} + migration {m} > capacity {cap}"
+
+    def marked(self) -> list[EngineRequest]:
+        """CPU-owned requests marked for a deferred swap-in (A.1 step 6), running ones first."""
+        return [r for r in (*self.cpu_running, *self.cpu_waiting)
+                if r.swap_in_mark and not r.finished]
 
     def migration_reserve_for(self, gpu_population: list[EngineRequest]) -> int:
         """Eq. 4: if the GPU population's finish-peak exceeds HBM, the suffix scanned from

@@ -24,9 +24,9 @@ def workload(llama_checkpoint):
 
 
 CASES = [
-    ("dualpace", "0,0", "full-cpu"),
+    ("dualpace", "", "full-cpu"),  # no thresholds: F = C, Dense Assist off (§4.2)
     ("dualpace", "64,0", "split-final"),
-    ("dualpace", "1,0", "fused-assist"),
+    ("dualpace", "0,0", "fused-assist"),  # Eq. 5 literally: every batch b >= 1 > P = 0
     ("gated", "", "fused-assist"),
     ("gpu-only", "", None),
 ]
@@ -59,3 +59,35 @@ def test_policy_outputs_match_transformers(workload, policy, thresholds, route):
                        for k, v in m.items())
     else:
         assert calls > 0, f"no {route} assist calls"
+
+
+def test_long_prompts_and_a_cpu_tier_larger_than_max_num_seqs(llama_checkpoint):
+    """Prompts longer than the batched-token limit reach the host tier (Prefill-to-CPU alone
+    in a round past the limit) and the CPU tier batches more requests than --max-num-seqs
+    when C allows it; every output token-for-token equal to transformers'."""
+    path, hf = llama_checkpoint
+    rng = random.Random(11)
+    lens = [100, 90] + [rng.randint(4, 20) for _ in range(12)]
+    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in lens]
+    expected = [hf_greedy(hf, p, MAX_TOKENS) for p in prompts]
+    to_cpu_lens, cpu_batches = [], []
+
+    def watch(engine, kind, plan):
+        if kind == "gpu":
+            to_cpu_lens.extend(len(r.prompt) for r in plan.to_cpu)
+        else:
+            cpu_batches.append(len(plan.batch))
+
+    with LLM(str(path), gpu_device="cpu", gpu_kv_blocks=4, cpu_kv_gib=0.05, max_num_seqs=4,
+             cpu_batch_limit=16, max_num_batched_tokens=32) as llm:
+        llm._serving.engine.on_round = watch
+        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
+                                                    ignore_eos=True))
+        m = llm.metrics()
+    for o, want in zip(outs, expected):
+        assert o.finish_reason == "length" and o.error is None
+        assert o.token_ids == want
+    assert {100, 90} <= set(to_cpu_lens), "a long prompt never went Prefill-to-CPU"
+    assert max(cpu_batches) > 4, f"CPU batches {sorted(set(cpu_batches))} never exceeded 4"
+    assert m['dualpace:kv_blocks_used{tier="cpu"}'] == 0
+    assert m['dualpace:kv_blocks_used{tier="gpu"}'] == 0
