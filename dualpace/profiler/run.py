@@ -3,22 +3,37 @@ Appendix B): post-attention routing thresholds (P, F), the GPU batched-token lim
 decode batch limit and the CPU dense dtype. Writes the profile JSON ``serve --profile``
 reads and PNG charts in the shape of the paper's Figure 7.
 
-CPU primitives run in this process pinned to the CPU worker's cores with its thread count;
-GPU-side assist costs go through a real runtime: this process stands in for the CPU worker
-on the shared Assist Buffers (the real CPU worker stays idle), so the measured waits include
-the handshake and buffer movement, and the GPU worker's busy time gives the disturbance.
-Each primitive: W warm-ups, then R repeats of I calls; the latency is the mean of the
-repeats' per-call means (Eq. 10-11).
+Appendix B as written, in four measurements:
+
+1. CPU primitives, in this process pinned to the CPU worker's cores with its thread count:
+   t_p (post-attention), t_l (post-layer with sampling), and the Assist Buffer movement
+   a_w (residual + attention output in), a_r (hidden state out), h_w (Split-Final's final
+   hidden state in), on the real shared-memory buffer. W warm-ups, then R repeats of I
+   timed calls; with CPU tensor parallelism each rank's shard is timed and a repeat's
+   latency is the slowest rank's (Eq. 10-11).
+2. GPU microbenchmarks g_p, g_lS, g_lA: each assist op's whole device path on the GPU worker
+   (ProfileAssist), every GPU rank timing its own repeats; the maximum over ranks (Eq. 10).
+3. End-to-end calibration with GPU-main busy: the GPU worker decodes a synthetic population
+   step after step (boundaries active) while this process, standing in for the CPU worker,
+   issues assist calls of every path and batch row; per call the CPU-visible wait W and the
+   GPU worker's G, L, F give q_x and o_x (Eq. 12-13), so the stage-boundary wait is real.
+4. Eq. 14-15 combine them into the Eq. 7-8 components; Algorithm 1 picks (P, F).
+
+The GPU batched-token limit comes from one decoder layer's prefill over (B, L) shapes with at
+least K distinct n = B·L (isotonic fit, plateau rule); the CPU batch limit from one layer's
+decode throughput over batch sizes up to 256, stopping once past the host's peak.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import logging
 import os
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -29,92 +44,209 @@ from dualpace.kv.cache import KVCache
 from dualpace.model.batch import SeqChunk, build_forward_batch
 from dualpace.model.config import load_model_config
 from dualpace.model.stages import StagedModel
-from dualpace.model.weights import load_weights
-from dualpace.profiler.fitting import (
-    Components,
-    choose_thresholds,
-    pava,
-    peak_batch,
-    plateau_limit,
-    route_scores,
+from dualpace.model.weights import Shard, load_weights
+from dualpace.profile_file import PROFILE_FORMAT
+from dualpace.profiler.calibration import (
+    PATHS,
+    CalibrationCall,
+    assist_terms,
+    calibration_constants,
+    components,
+    profiled_latency,
 )
-from dualpace.runtime.layouts import OP_ECHO, OP_POST_ATTN, OP_POST_ATTN_FINAL, OP_POST_LAYER
+from dualpace.profiler.fitting import choose_thresholds, pava, peak_batch, plateau_limit
+from dualpace.profiler.fitting import route_scores as score_routes
+from dualpace.runtime import protocol as P
+from dualpace.runtime.assist import AssistChannel, pid_alive
+from dualpace.runtime.layouts import OP_POST_ATTN, OP_POST_ATTN_FINAL, OP_POST_LAYER
+from dualpace.runtime.routing import assist_reachable, route_for
 from dualpace.runtime.supervisor import Runtime
 from dualpace.sampling.sampler import SamplingRow, sample
 
 log = logging.getLogger("dualpace.profile")
+PATH_OPS = {"p": OP_POST_ATTN, "lS": OP_POST_LAYER, "lA": OP_POST_ATTN_FINAL}
 
 
 @dataclasses.dataclass(frozen=True)
 class ProfileSettings:
-    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-    prefill_shapes: tuple[tuple[int, int], ...] = ((1, 64), (1, 256), (1, 1024), (2, 512),
-                                                   (4, 256), (4, 1024), (8, 512), (16, 256))
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    # (B, L) prefill shapes: n = B·L takes 7 distinct values (the plateau rule needs K).
+    prefill_shapes: tuple[tuple[int, int], ...] = (
+        (1, 64), (1, 128), (2, 64), (1, 256), (2, 128), (4, 64), (1, 512), (2, 256),
+        (4, 128), (1, 1024), (2, 512), (4, 256), (8, 128), (2, 1024), (4, 512), (8, 256),
+        (4, 1024), (8, 512), (16, 256))
     decode_contexts: tuple[int, ...] = (128, 512)
-    warmup: int = 2
-    repeats: int = 3
-    iters: int = 5
+    warmup: int = 5  # W (Appendix B, the RTX 4090 profile)
+    repeats: int = 3  # R
+    iters: int = 100  # I
+    calibration_calls: int = 20  # per (path, batch row) with GPU-main busy
     eps: float = 0.0025
     lam: float = 1.0
     plateau_k: int = 5
     plateau_delta: float = 0.01
 
 
-def measure(fn, s: ProfileSettings) -> float:
-    for _ in range(s.warmup):
-        fn()
-    means = []
-    for _ in range(s.repeats):
-        t0 = time.perf_counter()
-        for _ in range(s.iters):
+QUICK = ProfileSettings(batch_sizes=(1, 4, 16), prefill_shapes=(
+    (1, 16), (1, 32), (2, 16), (1, 64), (2, 32), (1, 128), (2, 64), (1, 256)),
+    decode_contexts=(64,), warmup=1, repeats=2, iters=3, calibration_calls=3)
+
+
+def measure(fns: Sequence[Callable[[], object]], s: ProfileSettings,
+            sync: Callable[[], None] = lambda: None) -> float:
+    """Eq. 10-11 over ranks: ``fns[q]`` is rank q's primitive; W warm-ups each, then R
+    repeats of I timed calls per rank; a repeat's latency is the slowest rank's."""
+    for fn in fns:
+        for _ in range(s.warmup):
             fn()
-        means.append((time.perf_counter() - t0) / s.iters)
-    return sum(means) / len(means)
+    totals = []
+    for _ in range(s.repeats):
+        row = []
+        for fn in fns:
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(s.iters):
+                fn()
+            sync()
+            row.append(time.perf_counter() - t0)
+        totals.append(row)
+    return profiled_latency(totals, s.iters)
 
 
 def _rows(b: int) -> list[SamplingRow]:
     return [SamplingRow(0.0, 1.0, -1, i, 0) for i in range(b)]
 
 
-def cpu_components(model: StagedModel, b: int, s: ProfileSettings) -> tuple[float, float]:
-    """t_p(b): one CPU post-attention stage; t_l(b): the CPU post-layer with sampling."""
-    cfg = model.cfg
+def cpu_primitives(models: list[StagedModel], ch: AssistChannel, b: int, s: ProfileSettings,
+                   only: tuple[str, ...] = ("t_p", "t_l", "a_w", "a_r", "h_w")
+                   ) -> dict[str, float]:
+    """t_p, t_l, a_w, a_r, h_w at batch b (seconds), each the slowest rank's (Eq. 10-11)."""
     g = torch.Generator().manual_seed(b)
-    h = torch.randn(b, cfg.hidden_size, generator=g).to(model.dtype)
-    a = torch.randn(b, cfg.q_size, generator=g).to(model.dtype)
+    out: dict[str, list] = {k: [] for k in ("t_p", "t_l", "a_w", "a_r", "h_w")}
+    for rank, m in enumerate(models):
+        cfg = m.cfg
+        h = torch.randn(b, cfg.hidden_size, generator=g).to(m.dtype)
+        a = torch.randn(b, cfg.q_size, generator=g).to(m.dtype)
+        cols = slice(rank * cfg.q_size, (rank + 1) * cfg.q_size)
+        rows = _rows(b)
+
+        def a_w(h=h, a=a, cols=cols):  # what the CPU worker writes before an assisted stage
+            ch.buf["hidden_in"][:b].copy_(h.float())
+            ch.buf["attn_in"][:b, cols].copy_(a.float())
+
+        def h_w(h=h, rows=rows):  # Split-Final: the final hidden rows and the sampling rows
+            ch.buf["hidden_in"][:b].copy_(h.float())
+            ch._write_sampling(rows)
+
+        out["t_p"].append(lambda m=m, h=h, a=a: m.post_attention(0, h, a))
+        out["t_l"].append(lambda m=m, h=h, rows=rows: sample(m.post_layer(h), rows))
+        out["a_w"].append(a_w)
+        out["a_r"].append(lambda m=m: ch.buf["hidden_out"][:b].clone().to(m.dtype))
+        out["h_w"].append(h_w)
     with torch.inference_mode():
-        t_p = measure(lambda: model.post_attention(0, h, a), s)
-        t_l = measure(lambda: sample(model.post_layer(h), _rows(b)), s)
-    return t_p, t_l
+        return {k: measure(fns, s) for k, fns in out.items() if k in only}
 
 
-async def assist_components(rt: Runtime, hidden: int, attn: int, b: int, s: ProfileSettings
-                            ) -> dict[str, float]:
-    """Wait times (CPU-visible) and GPU busy time per call for each assisted op."""
-    ch = rt.assist_channel()
-    h = torch.randn(b, hidden)
-    a = torch.randn(b, attn)
+async def gpu_microbenchmarks(rt: Runtime, ch: AssistChannel, hidden: int, attn: int,
+                              b: int, s: ProfileSettings, ids) -> dict[str, float]:
+    """g_x(b) for each path: the op's device path on every GPU rank (ProfileAssist)."""
+    g = torch.Generator().manual_seed(1000 + b)
+    h, a = torch.randn(b, hidden, generator=g), torch.randn(b, attn, generator=g)
     out = {}
-    for name, op, with_attn, rows in (("p", OP_POST_ATTN, True, None),
-                                      ("lS", OP_POST_LAYER, False, _rows(b)),
-                                      ("lA", OP_POST_ATTN_FINAL, True, _rows(b)),
-                                      ("echo", OP_ECHO, False, None)):
-        def call(op=op, with_attn=with_attn, rows=rows):
-            ch.call(op, 0, h, a if with_attn else None, rows, lambda: True, timeout=60)
-
-        for _ in range(s.warmup):  # outside both the timed wait and the busy-time window
-            call()
-        before = {st.kind: st.assist_busy_us for st in await rt.stats() if st.rank == 0}
-        wait = measure(call, dataclasses.replace(s, warmup=0))
-        after = {st.kind: st.assist_busy_us for st in await rt.stats() if st.rank == 0}
-        n = s.repeats * s.iters
-        out["w_" + name] = wait
-        out["d_" + name] = (after["gpu"] - before["gpu"]) * 1e-6 / n
+    for path, op in PATH_OPS.items():
+        ch.stage_inputs(op, 0, h, a if op != OP_POST_LAYER else None,
+                        _rows(b) if op != OP_POST_ATTN else None)
+        msg = P.ProfileAssist(step_id=next(ids), op=op, rows=b, layer=0, warmup=s.warmup,
+                              repeats=s.repeats, iters=s.iters)
+        per_rank = await rt.gpu.step_all(msg)
+        totals = [[r.repeat_us[j] * 1e-6 for r in per_rank] for j in range(s.repeats)]
+        out[path] = profiled_latency(totals, s.iters)
     return out
 
 
-def gpu_prefill_throughput(model: StagedModel, shapes, s: ProfileSettings, block_size: int
-                           ) -> list[tuple[int, float]]:
+class GpuLoad:
+    """GPU-main work for the calibration: a synthetic population prefilled, then decoded
+    step after step until stopped (released and started over when its blocks run out)."""
+
+    def __init__(self, rt: Runtime, rows: int, context: int, steps: int, ids):
+        cfg = rt.config
+        self.rt, self.rows, self.context, self.steps, self.ids = rt, rows, context, steps, ids
+        self.bs = cfg.block_size
+        self.per_req = blocks_for_tokens(context + steps + 1, self.bs)
+        if self.per_req * rows > cfg.gpu_kv_blocks:
+            self.rows = max(1, cfg.gpu_kv_blocks // self.per_req)
+        self.req_ids = itertools.count(1 << 30)
+
+    async def run(self) -> None:
+        spec = P.SamplingSpec(temperature=0.0, top_p=1.0, top_k=-1, seed=0)
+        while True:
+            reqs = [next(self.req_ids) for _ in range(self.rows)]
+            tables = [list(range(i * self.per_req, (i + 1) * self.per_req))
+                      for i in range(self.rows)]
+            for rid in reqs:
+                self.rt.gpu.send(P.NewRequest(req_id=rid, sampling=spec))
+            try:
+                seqs = [P.SeqStep(req_id=rid, token_ids=[1] * self.context, start_pos=0,
+                                  new_blocks=t) for rid, t in zip(reqs, tables)]
+                await self.rt.gpu.step(P.GpuBatch(step_id=next(self.ids), seqs=seqs))
+                for k in range(self.steps):
+                    seqs = [P.SeqStep(req_id=rid, token_ids=[1], start_pos=self.context + k,
+                                      out_index=k + 1) for rid in reqs]
+                    await self.rt.gpu.step(P.GpuBatch(step_id=next(self.ids), seqs=seqs))
+            finally:
+                self.rt.gpu.send(P.Release(req_ids=reqs))
+
+
+async def calibrate(rt: Runtime, ch: AssistChannel, hidden: int, attn: int, num_layers: int,
+                    sizes: Sequence[int], s: ProfileSettings, ids
+                    ) -> dict[str, list[CalibrationCall]]:
+    """Appendix B's end-to-end calibration: assist calls of every path and batch row while
+    the GPU worker runs GPU-main steps; per call W here and G, L, F from the worker."""
+    load = GpuLoad(rt, rows=8, context=128, steps=64, ids=ids)
+    busy = asyncio.create_task(load.run())
+    alive = pid_alive(rt.gpu.pid)
+    calls: dict[str, list[CalibrationCall]] = {x: [] for x in PATHS}
+    try:
+        await asyncio.sleep(0.05)  # the first GPU-main step is under way
+        for path, op in PATH_OPS.items():
+            layer = num_layers - 1 if op != OP_POST_ATTN else 0
+            for b in sizes:
+                g = torch.Generator().manual_seed(2000 + b)
+                h, a = torch.randn(b, hidden, generator=g), torch.randn(b, attn, generator=g)
+                waits: list[float] = []
+
+                def issue(op=op, layer=layer, h=h, a=a, b=b, waits=waits):
+                    for _ in range(s.calibration_calls):
+                        ch.call(op, layer, h, a if op != OP_POST_LAYER else None,
+                                _rows(b) if op != OP_POST_ATTN else None, alive,
+                                timeout=120, waits=waits)
+
+                await rt.assist_samples()  # drop what earlier calls left
+                await asyncio.to_thread(issue)
+                served = await _served(rt, op, len(waits))
+                calls[path] += [CalibrationCall(b, w, g * 1e-6, lt * 1e-6, f * 1e-6)
+                                for w, (_, _, g, lt, f) in zip(waits, served)]
+    finally:
+        busy.cancel()
+        await asyncio.gather(busy, return_exceptions=True)
+    return calls
+
+
+async def _served(rt: Runtime, op: int, n: int, timeout: float = 10.0) -> list[list[int]]:
+    """The GPU worker's samples of the last ``n`` calls (it records a call just after
+    publishing GPU-Done, so the last one may lag the caller a moment)."""
+    served: list[list[int]] = []
+    deadline = time.monotonic() + timeout
+    while len(served) < n:
+        served += [x for x in await rt.assist_samples() if x[0] == op]
+        if len(served) < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"calibration: {n} calls, {len(served)} served samples")
+            await asyncio.sleep(0.01)
+    return served
+
+
+def gpu_prefill_throughput(model: StagedModel, shapes, s: ProfileSettings, block_size: int,
+                           sync: Callable[[], None]) -> list[tuple[int, float]]:
     """(tokens, tokens/s) of one decoder layer's prefill for each (B, L) shape."""
     cfg = model.cfg
     out = []
@@ -126,73 +258,96 @@ def gpu_prefill_throughput(model: StagedModel, shapes, s: ProfileSettings, block
                                   for i in range(bsz)], block_size, model.device)
         h = torch.randn(bsz * length, cfg.hidden_size).to(model.device, model.dtype)
         with torch.inference_mode():
-            t = measure(lambda fb=fb, h=h, kv=kv: model.layer(0, h, fb, kv), s)
+            t = measure([lambda fb=fb, h=h, kv=kv: model.layer(0, h, fb, kv)], s, sync)
         out.append((bsz * length, bsz * length / t))
     return out
 
 
-def cpu_decode_throughput(model: StagedModel, batch_sizes, contexts, s: ProfileSettings,
-                          block_size: int) -> dict[int, float]:
+def cpu_decode_throughput(models: list[StagedModel], batch_sizes, contexts,
+                          s: ProfileSettings, block_size: int) -> dict[int, float]:
     """tokens/s of one decoder layer's decode step (pre-attention, paged attention,
-    post-attention) per batch size, averaged over context lengths."""
-    cfg = model.cfg
-    out = {}
+    post-attention) per batch size, averaged over context lengths; stops once throughput
+    fell twice in a row after its peak (the host's peak, below 256)."""
+    out: dict[int, float] = {}
     for b in batch_sizes:
         rates = []
         for ctx in contexts:
             nb = blocks_for_tokens(ctx + 1, block_size)
-            kv = KVCache(1, b * nb, cfg.num_kv_heads, block_size, cfg.head_dim, model.dtype)
-            fb = build_forward_batch([SeqChunk([1], ctx, list(range(i * nb, (i + 1) * nb)))
-                                      for i in range(b)], block_size)
-            h = torch.randn(b, cfg.hidden_size).to(model.dtype)
+            fns = []
+            for m in models:
+                cfg = m.cfg
+                kv = KVCache(1, b * nb, cfg.num_kv_heads, block_size, cfg.head_dim, m.dtype)
+                fb = build_forward_batch([SeqChunk([1], ctx, list(range(i * nb, (i + 1) * nb)))
+                                          for i in range(b)], block_size)
+                h = torch.randn(b, cfg.hidden_size).to(m.dtype)
+                fns.append(lambda m=m, fb=fb, h=h, kv=kv: m.layer(0, h, fb, kv))
             with torch.inference_mode():
-                t = measure(lambda fb=fb, h=h, kv=kv: model.layer(0, h, fb, kv), s)
-            rates.append(b / t)
+                rates.append(b / measure(fns, s))
         out[b] = sum(rates) / len(rates)
+        vals = list(out.values())
+        if len(vals) >= 3 and vals[-1] < vals[-2] < max(vals):
+            break
     return out
 
 
-def _cpu_model(config: EngineConfig, dtype: torch.dtype) -> StagedModel:
-    mc = load_model_config(config.model)
-    return StagedModel(mc, load_weights(config.model, mc, dtype, "cpu"), 4096)
+def _cpu_models(config: EngineConfig, dtype: torch.dtype) -> list[StagedModel]:
+    """One model per CPU tensor-parallel rank (its shard), as the CPU workers hold them."""
+    full = load_model_config(config.model)
+    local = full.shard(config.cpu_tp)
+    return [StagedModel(local, load_weights(config.model, full, dtype, "cpu",
+                                            Shard(r, config.cpu_tp)), 4096)
+            for r in range(config.cpu_tp)]
 
 
 async def run_profile(config: EngineConfig, s: ProfileSettings, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     mc = load_model_config(config.model)
-    sizes = [b for b in s.batch_sizes if b <= config.max_num_seqs]
-    rt = Runtime(dataclasses.replace(config, max_num_seqs=max(sizes)))
+    sizes = list(s.batch_sizes)
+    # Assist reachable (boundaries on) and an Assist Buffer for the largest profiled batch.
+    rt = Runtime(dataclasses.replace(config, assist_thresholds="0,0",
+                                     cpu_batch_limit=max(sizes), profile=""))
     await rt.start()
     allowed = os.sched_getaffinity(0)
+    ids = itertools.count(1 << 40)
     try:
         os.sched_setaffinity(0, rt.sizing.cpu_cores)
-        torch.set_num_threads(len(rt.sizing.cpu_cores))
-        # CPU dtype: the faster dense path at the largest profiled batch (§DESIGN CPU dtype).
+        torch.set_num_threads(len(rt.sizing.cpu_cores) // config.cpu_tp or 1)
+        ch = rt.assist_channel()
+        # CPU dtype: the faster post-attention at the largest batch (DESIGN.md CPU dtype).
         dtypes = {}
         for dt in (torch.float32, torch.bfloat16):
-            dtypes[str(dt).removeprefix("torch.")] = cpu_components(_cpu_model(config, dt),
-                                                                     max(sizes), s)[0]
+            prims = cpu_primitives(_cpu_models(config, dt), ch, max(sizes), s, ("t_p",))
+            dtypes[str(dt).removeprefix("torch.")] = prims["t_p"]
         cpu_dtype = min(dtypes, key=dtypes.get)
-        cpu_model = _cpu_model(config, getattr(torch, cpu_dtype))
-        comps, scores = {}, {}
+        cpu_models = _cpu_models(config, getattr(torch, cpu_dtype))
+        prims, gpu = {}, {}
         for b in sizes:
-            t_p, t_l = cpu_components(cpu_model, b, s)
-            a = await assist_components(rt, mc.hidden_size, mc.q_size, b, s)
-            c = Components(t_p=t_p, t_l=t_l, w_p=a["w_p"], w_lS=a["w_lS"], w_lA=a["w_lA"],
-                           d_p=a["d_p"], d_lS=a["d_lS"], d_lA=a["d_lA"])
-            comps[b] = dataclasses.asdict(c) | {"w_echo": a["w_echo"]}
-            scores[b] = route_scores(c, mc.num_layers, s.lam)
-        p, f = choose_thresholds(scores, mc.num_layers, s.eps)
-        decode = cpu_decode_throughput(cpu_model, sizes, s.decode_contexts, s,
+            prims[b] = cpu_primitives(cpu_models, ch, b, s)
+            gpu[b] = await gpu_microbenchmarks(rt, ch, mc.hidden_size, mc.q_size, b, s, ids)
+        calls = await calibrate(rt, ch, mc.hidden_size, mc.q_size, mc.num_layers, sizes, s,
+                                ids)
+        decode = cpu_decode_throughput(cpu_models, sizes, s.decode_contexts, s,
                                        config.block_size)
-        cpu_limit = peak_batch(list(decode), list(decode.values()))
     finally:
         os.sched_setaffinity(0, allowed)
         await rt.stop()
+    consts = {x: calibration_constants(calls[x]) for x in PATHS}
+    comps, scores = {}, {}
+    for b in sizes:
+        w, d = {}, {}
+        for x in PATHS:
+            w[x], d[x] = assist_terms(*consts[x], gpu[b][x])
+        pr = prims[b]
+        c = components(pr["t_p"], pr["t_l"], pr["a_w"], pr["a_r"], pr["h_w"], w, d)
+        comps[b] = dataclasses.asdict(c)
+        scores[b] = score_routes(c, mc.num_layers, s.lam)
+    p, f = choose_thresholds(scores, mc.num_layers, s.eps)
+    cpu_limit = peak_batch(list(decode), list(decode.values()))
     device = config.torch_device()
     gpu_model = StagedModel(mc, load_weights(config.model, mc, config.torch_dtype(device),
                                              device), 16384)
-    prefill = gpu_prefill_throughput(gpu_model, s.prefill_shapes, s, config.block_size)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    prefill = gpu_prefill_throughput(gpu_model, s.prefill_shapes, s, config.block_size, sync)
     by_tokens: dict[int, list[float]] = {}
     for n, thr in prefill:
         by_tokens.setdefault(n, []).append(thr)
@@ -210,13 +365,22 @@ async def run_profile(config: EngineConfig, s: ProfileSettings, out_dir: Path) -
         token_limit = plateau_limit(tokens, means, s.plateau_k, s.plateau_delta)
         token_rule = f"plateau K={s.plateau_k} delta={s.plateau_delta}"
     profile = {
+        "format": PROFILE_FORMAT,
         "model": config.model, "assist_thresholds": [p, f],
+        "routes": {str(b): route_for(b, p, f) for b in sizes},
+        "assist_reachable_at_cpu_batch_limit": assist_reachable(cpu_limit, p, f),
         "max_num_batched_tokens": max(token_limit, config.block_size),
         "max_num_batched_tokens_rule": token_rule,
         "cpu_batch_limit": cpu_limit, "cpu_dtype": cpu_dtype,
         "settings": dataclasses.asdict(s), "cpu_dtype_post_attention_s": dtypes,
         "components": {str(b): v for b, v in comps.items()},
         "route_scores": {str(b): v for b, v in scores.items()},
+        "appendix_b": {
+            "cpu_primitives_s": {str(b): v for b, v in prims.items()},
+            "gpu_cuda_s": {str(b): v for b, v in gpu.items()},
+            "calibration": {x: {"q_s": consts[x][0], "o_s": consts[x][1],
+                                "calls": len(calls[x])} for x in PATHS},
+        },
         "cpu_decode_tokens_per_s": {str(b): v for b, v in decode.items()},
         "gpu_prefill": {"tokens": tokens, "mean_tokens_per_s": means, "fitted": fitted},
     }
@@ -262,9 +426,7 @@ def _plots(profile: dict, out_dir: Path) -> None:
 
 
 def main(config: EngineConfig, out_dir: str, quick: bool = False) -> dict:
-    s = ProfileSettings()
-    if quick:  # a smoke-sized profile (tests, a first look)
-        s = dataclasses.replace(s, batch_sizes=(1, 4, 16), prefill_shapes=((1, 32), (1, 128),
-                                (2, 128), (4, 128)), decode_contexts=(64,), warmup=1,
-                                repeats=2, iters=2, plateau_k=2)
-    return asyncio.run(run_profile(config, s, Path(out_dir)))
+    """``quick``: a smoke-sized profile (tests, a first look): three batch sizes, W/R/I of
+    1/2/3, small prefill shapes that still give the plateau rule K = 5 distinct n."""
+    return asyncio.run(run_profile(config, QUICK if quick else ProfileSettings(),
+                                   Path(out_dir)))

@@ -118,6 +118,10 @@ class WorkerGroup:
         for r in self.ranks:
             r.send(msg)
 
+    async def step_all(self, msg) -> list:
+        """Every rank's own answer (the profiler's per-rank times, Eq. 10's max over ranks)."""
+        return list(await asyncio.gather(*[r.submit(msg) for r in self.ranks]))
+
     def submit(self, batch: P.GpuBatch | P.CpuBatch) -> asyncio.Future:
         futs = [r.submit(batch) for r in self.ranks]
         if len(futs) == 1:

@@ -7,10 +7,41 @@ and copies run on a dedicated stream. Anywhere else (``--gpu-device cpu``): plai
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
 log = logging.getLogger("dualpace.runtime")
+
+
+class DeviceInterval:
+    """The device execution time of the work issued between ``start`` and ``stop``: CUDA
+    events on CUDA, the wall clock elsewhere (there the work runs as it is issued)."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self._a = self._b = None
+        self._t0 = self._t1 = 0.0
+
+    def start(self) -> None:
+        if self.cuda:
+            self._a = torch.cuda.Event(enable_timing=True)
+            self._a.record()
+        else:
+            self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            self._b = torch.cuda.Event(enable_timing=True)
+            self._b.record()
+        else:
+            self._t1 = time.perf_counter()
+
+    def seconds(self) -> float:
+        if self.cuda:
+            self._b.synchronize()
+            return self._a.elapsed_time(self._b) * 1e-3
+        return self._t1 - self._t0
 
 
 class DeviceOps:
@@ -56,3 +87,11 @@ class DeviceOps:
         """Wait for every copy issued so far (a transfer is ready only after this)."""
         if self.copy_stream is not None:
             self.copy_stream.synchronize()
+
+    def wait_compute(self) -> None:
+        """Wait for all work issued on the device (profiling: time kernels, not launches)."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def interval(self) -> DeviceInterval:
+        return DeviceInterval(self.cuda)

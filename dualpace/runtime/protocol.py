@@ -75,17 +75,33 @@ class GpuBatch(_Msg, tag=2):
 
 class CpuBatch(_Msg, tag=3):
     """route: force a post-attention route for this batch ("" = by the thresholds, Eq. 5);
-    the gated (NEO-style) baseline forces fused-assist: attention on CPU, dense on GPU."""
+    the gated (NEO-style) baseline sends "neo-pipeline": attention on the CPU, every dense
+    stage on the GPU, seqs[:split] and seqs[split:] pipelined as NEO's two sub-batches."""
 
     step_id: int
     seqs: list[SeqStep] = []
     route: str = ""
+    split: int = 0
 
 
 class Release(_Msg, tag=4):
     """Forget per-request worker state (block tables, sampling). Blocks are the engine's."""
 
     req_ids: list[int]
+
+
+class ProfileAssist(_Msg, tag=5):
+    """Profiler (paper Appendix B): every GPU rank runs Dense Assist ``op`` on the inputs
+    already in the Assist Buffer, ``warmup`` times, then ``repeats`` x ``iters`` times with
+    each repeat timed to completion; answered with ProfileDone."""
+
+    step_id: int
+    op: int
+    rows: int
+    layer: int = 0
+    warmup: int = 5
+    repeats: int = 3
+    iters: int = 100
 
 
 # --- worker -> engine (data-plane ring) ----------------------------------------------------
@@ -107,8 +123,16 @@ class StepFailed(_Msg, tag=11):
     message: str
 
 
-EngineToWorker = Union[NewRequest, GpuBatch, CpuBatch, Release]  # noqa: UP007
-WorkerToEngine = Union[StepDone, StepFailed]  # noqa: UP007
+class ProfileDone(_Msg, tag=12):
+    """repeat_us[j]: this rank's time for repeat j's ``iters`` invocations (Eq. 10's
+    τ^end − τ^start), synchronized with the device."""
+
+    step_id: int
+    repeat_us: list[int] = []
+
+
+EngineToWorker = Union[NewRequest, GpuBatch, CpuBatch, Release, ProfileAssist]  # noqa: UP007
+WorkerToEngine = Union[StepDone, StepFailed, ProfileDone]  # noqa: UP007
 
 
 # --- control plane (ZeroMQ) ----------------------------------------------------------------
@@ -140,10 +164,24 @@ class Stats(_Msg, tag=24):
     assist_calls: int
     routes: dict[str, int] = {}
     assist_busy_us: int = 0
+    assist_at_boundary: int = 0  # GPU: assists served between two main stage tasks
 
 
 class Shutdown(_Msg, tag=25):
     """Stop the worker's loops and exit."""
+
+
+class AssistSamplesRequest(_Msg, tag=26):
+    """GPU rank 0: the timings of the Dense Assists served since the last request."""
+
+
+class AssistSamples(_Msg, tag=27):
+    """Per served call [op, rows, cuda_us, launch_us, finalize_us]: G, L and F of
+    Appendix B's end-to-end calibration (Eq. 12-13)."""
+
+    kind: str
+    rank: int
+    samples: list[list[int]] = []
 
 
 class WorkerSpec(msgspec.Struct, gc=False):
@@ -172,7 +210,8 @@ class WorkerSpec(msgspec.Struct, gc=False):
     gpu_pid: int = 0  # CPU workers: whose death to notice while waiting on an assist
 
 
-Control = Union[Hello, Ping, Pong, StatsRequest, Stats, Shutdown]  # noqa: UP007
+Control = Union[Hello, Ping, Pong, StatsRequest, Stats, Shutdown,  # noqa: UP007
+                AssistSamplesRequest, AssistSamples]
 
 _enc = msgspec.msgpack.Encoder()
 to_worker_decoder = msgspec.msgpack.Decoder(EngineToWorker)

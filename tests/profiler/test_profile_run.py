@@ -7,7 +7,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from dualpace import LLM, SamplingParams
+from dualpace.runtime.routing import route_for
 
 
 def test_profile_then_serve_with_it(llama_checkpoint, tmp_path):
@@ -19,9 +22,27 @@ def test_profile_then_serve_with_it(llama_checkpoint, tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     prof = json.loads((out / "profile.json").read_text())
+    assert prof["format"] == 2
     p, f = prof["assist_thresholds"]
     assert (p, f) == (0, 0) or 0 <= f < p
+    assert prof["routes"] == {str(b): route_for(b, p, f) for b in (1, 4, 16)}
     assert prof["cpu_batch_limit"] in (1, 4, 16)
+    # Appendix B: calibration calls of every path and row with GPU-main busy (W/R/I quick),
+    # and the components assembled by Eq. 14-15 from what was measured.
+    ab = prof["appendix_b"]
+    for x in ("p", "lS", "lA"):
+        assert ab["calibration"][x]["calls"] == 3 * 3
+        assert ab["calibration"][x]["q_s"] >= 0 and ab["calibration"][x]["o_s"] > 0
+    for b in ("1", "4", "16"):
+        pr, g, c = ab["cpu_primitives_s"][b], ab["gpu_cuda_s"][b], prof["components"][b]
+        q = {x: ab["calibration"][x]["q_s"] for x in ("p", "lS", "lA")}
+        o = {x: ab["calibration"][x]["o_s"] for x in ("p", "lS", "lA")}
+        assert c["w_p"] == pytest.approx(pr["a_w"] + q["p"] + g["p"] + pr["a_r"])
+        assert c["w_lS"] == pytest.approx(pr["h_w"] + q["lS"] + g["lS"])
+        assert c["w_lA"] == pytest.approx(pr["a_w"] + q["lA"] + g["lA"])
+        assert c["d_p"] == pytest.approx(o["p"] + g["p"])
+        assert all(v > 0 for v in (*pr.values(), *g.values()))
+    assert len(prof["gpu_prefill"]["tokens"]) >= 5  # the plateau rule's K distinct n
     assert prof["cpu_dtype"] in ("float32", "bfloat16")
     if prof["max_num_batched_tokens_rule"].startswith("plateau"):
         assert prof["max_num_batched_tokens"] in prof["gpu_prefill"]["tokens"]
