@@ -1,6 +1,7 @@
 """Side-by-side policy comparison on one machine, in one run (paper §6, Figures 1, 9, 10).
 
     python bench/compare_policies.py --json [--rates 2,4,8,12] [--num-requests 80]
+        [--profile prof/profile.json]
 
 Serves the same checkpoint with --policy dualpace, gated and gpu-only (same GPU KV pool,
 small enough that the host tier matters; GPU and CPU workers pinned to different cores),
@@ -31,12 +32,26 @@ POLICIES = ("dualpace", "gated", "gpu-only")
 TRACE = REPO.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 
 
+def profile_flags(path: str | None) -> list[str]:
+    """``--profile`` for dualpace when the profile finds Dense Assist worthwhile (some batch
+    up to its C routes to Split-Final or Fused-Assist); else none (no assist, F = C)."""
+    if not path:
+        return []
+    from dualpace.runtime.routing import assist_reachable
+
+    prof = json.loads(Path(path).read_text())
+    p, f = prof["assist_thresholds"]
+    return ["--profile", path] if assist_reachable(prof["cpu_batch_limit"], p, f) else []
+
+
 def start_server(model: str, policy: str, args) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "dualpace", "serve", "--model", model, "--port", str(port),
            "--policy", policy, "--gpu-device", "cpu", "--gpu-kv-blocks",
            str(args.gpu_kv_blocks), "--cpu-kv-gib", str(args.cpu_kv_gib), "--max-num-seqs",
            str(args.max_num_seqs), "--log-level", "warning"]
+    if policy == "dualpace":
+        cmd += profile_flags(getattr(args, "profile", None))
     proc = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
     wait_healthy(url, proc)
@@ -64,6 +79,9 @@ def run_policy(model: str, policy: str, jobs, args) -> list[dict]:
             run["cpu_stall_p99_s"] = histogram_quantile(
                 0.99, "dualpace:cpu_tier_stall_seconds", m, before)
             run["cpu_tokens"] = m.get('dualpace:generation_tokens_total{engine="cpu"}', 0.0)
+            run["assist_calls"] = {
+                k.split('route="')[1].rstrip('"}'): v - before.get(k, 0.0)
+                for k, v in m.items() if k.startswith("dualpace:dense_assist_calls_total")}
             before = m
             runs.append(run)
             print(f"{policy} rate {rate}: norm {run['mean_normalized_latency_s']:.3f} s/tok, "
@@ -103,13 +121,16 @@ def add_workload_args(ap: argparse.ArgumentParser, out: str) -> None:
     ap.add_argument("--model", default=None, help="checkpoint (default: a small demo model)")
     ap.add_argument("--trace", default=str(TRACE))
     ap.add_argument("--num-requests", type=int, default=80)
-    ap.add_argument("--clip-input", type=int, default=256)
-    ap.add_argument("--clip-output", type=int, default=128)
+    ap.add_argument("--clip-input", type=int, default=2048)
+    ap.add_argument("--clip-output", type=int, default=256)
     ap.add_argument("--gpu-kv-blocks", type=int, default=48)
     ap.add_argument("--cpu-kv-gib", type=float, default=0.5)
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / out))
+    ap.add_argument("--profile", default=None,
+                    help="a `dualpace profile` JSON: dualpace serves with its thresholds and "
+                         "limits when its routing calls Dense Assist at some reachable batch")
 
 
 def prepare(args) -> tuple[str, list]:
@@ -120,9 +141,9 @@ def prepare(args) -> tuple[str, list]:
     if model is None:
         from dualpace.demo_model import DemoSpec, make_demo_model
 
-        model = str(make_demo_model(out / "model", DemoSpec(
+        model = str(make_demo_model(out / "model-4k", DemoSpec(
             hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
-            intermediate_size=768, max_position_embeddings=1024)))
+            intermediate_size=768, max_position_embeddings=4096)))
     if os.path.exists(args.trace):
         jobs = loadgen.load_trace(args.trace, args.num_requests, args.clip_input,
                                   args.clip_output, 256, args.seed)
@@ -167,12 +188,15 @@ def main() -> None:
             "cpu_stall_p99_s": {str(r["request_rate"]): r["cpu_stall_p99_s"] and
                                 round(r["cpu_stall_p99_s"], 4) for r in runs},
             "cpu_tokens": runs[-1]["cpu_tokens"],
+            "assist_calls": {str(r["request_rate"]): r["assist_calls"] for r in runs},
         }
     (out / "compare.json").write_text(json.dumps({"summary": summary, "runs": results},
                                                  indent=2))
     plot(results, targets, out / "compare.png")
     emit({"bench": "compare_policies", "policies": summary, "targets": targets,
           "rates": args.rates, "num_requests": args.num_requests,
+          "clip": [args.clip_input, args.clip_output],
+          "dualpace_profile": profile_flags(args.profile)[1:],
           "plot": str(out / "compare.png")}, args.json)
 
 

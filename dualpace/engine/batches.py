@@ -61,5 +61,7 @@ def gpu_batch(step_id: int, plan: GpuPlan) -> tuple[P.GpuBatch, list]:
     return batch, rows
 
 
-def cpu_batch(step_id: int, reqs: list[EngineRequest], route: str = "") -> P.CpuBatch:
-    return P.CpuBatch(step_id=step_id, seqs=[decode_step(r, "cpu") for r in reqs], route=route)
+def cpu_batch(step_id: int, reqs: list[EngineRequest], route: str = "",
+              split: int = 0) -> P.CpuBatch:
+    return P.CpuBatch(step_id=step_id, seqs=[decode_step(r, "cpu") for r in reqs], route=route,
+                      split=split)

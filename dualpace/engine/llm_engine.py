@@ -20,7 +20,7 @@ import random
 import time
 
 from dualpace.engine import batches
-from dualpace.engine.cost_model import OverlapModel
+from dualpace.engine.cost_model import GpuWork, NeoCostModel, neo_select
 from dualpace.engine.cpu_round import cpu_round
 from dualpace.engine.gpu_round import GpuPlan, gpu_round
 from dualpace.engine.metrics import Metrics
@@ -30,11 +30,21 @@ from dualpace.engine.stall import CpuStallClock
 from dualpace.engine.state import Limits, SchedulerState
 from dualpace.kv.block_pool import BlockPool, blocks_for_tokens
 from dualpace.runtime import protocol as P
-from dualpace.runtime.routing import FUSED_ASSIST
+from dualpace.runtime.routing import NEO_PIPELINE
 from dualpace.sampling.params import SamplingParams
 from dualpace.tokenizer.detokenizer import IncrementalDetokenizer
 
 log = logging.getLogger("dualpace.engine")
+
+
+def _gpu_work(plan: GpuPlan) -> GpuWork:
+    """A GPU plan's batched tokens, attention context and sampling rows (Eq. 1 inputs)."""
+    tokens = len(plan.decodes) + sum(n for _, n in plan.prefills)
+    tokens += sum(r.num_tokens for r in plan.to_cpu)
+    context = sum(r.num_tokens for r in plan.decodes)
+    context += sum(r.computed + n for r, n in plan.prefills)
+    context += sum(r.num_tokens for r in plan.to_cpu)
+    return GpuWork(tokens=tokens, context=context, rows=plan.rows)
 
 
 class EngineDead(RuntimeError):
@@ -72,7 +82,7 @@ class LLMEngine:
         self.requests: dict[int, EngineRequest] = {}
         self.streams: dict[int, RequestStream] = {}
         self.trace: list[tuple[float, str, int]] | None = None  # (time, engine, rid) per token
-        self.overlap = OverlapModel()
+        self.neo = NeoCostModel()  # the gated baseline's Eq. 1 model
         self._ids = itertools.count(1)
         self._steps = itertools.count(1)
         self._rng = random.Random()
@@ -186,8 +196,10 @@ class LLMEngine:
                 continue
             await self._run_gpu(plan)
 
-    async def _run_gpu(self, plan: GpuPlan, cpu_batch: list[EngineRequest] | None = None
-                       ) -> None:
+    async def _run_gpu(self, plan: GpuPlan, cpu_batch: list[EngineRequest] | None = None,
+                       split: int = 0) -> None:
+        """One GPU step; with ``cpu_batch`` (gated) the CPU sub-batches run as NEO's
+        pipeline beside it (``split``: how many of them are sub-batch 0)."""
         step_id = next(self._steps)
         batch, rows = batches.gpu_batch(step_id, plan)
         involved = [m.req for m in plan.swap_out + plan.swap_in] + [row[1] for row in rows]
@@ -197,14 +209,15 @@ class LLMEngine:
         coros = [self.workers.gpu.step(batch)]
         cpu_reqs = cpu_batch or []
         if cpu_reqs:
-            coros.append(self._cpu_step(cpu_reqs, route=FUSED_ASSIST))
+            coros.append(self._cpu_step(cpu_reqs, route=NEO_PIPELINE, split=split))
         t0 = self.clock()
         results = await asyncio.gather(*coros, return_exceptions=True)
         done = results[0]
         if isinstance(done, BaseException):
             self._step_failed(involved, done)
         else:
-            self.overlap.observe_gpu(plan.rows, self.clock() - t0)
+            work = _gpu_work(plan)
+            self.neo.observe_gpu(work.tokens + len(cpu_reqs), work.context, self.clock() - t0)
             self._apply_gpu(plan, rows, done)
         if cpu_reqs:
             self._apply_cpu(cpu_reqs, results[1])
@@ -261,14 +274,15 @@ class LLMEngine:
             self._apply_cpu(plan.batch, done)
             self._wake()
 
-    async def _cpu_step(self, reqs: list[EngineRequest], route: str = "") -> P.StepDone:
+    async def _cpu_step(self, reqs: list[EngineRequest], route: str = "",
+                        split: int = 0) -> P.StepDone:
         self._introduce("cpu", reqs)
         for r in reqs:
             r.in_flight = "cpu"
-        batch = batches.cpu_batch(next(self._steps), reqs, route)
+        batch = batches.cpu_batch(next(self._steps), reqs, route, split)
         done = await self.workers.cpu.step(batch)
         # Eq. 1 compares GPU linear time with CPU *attention* time: the worker reports it.
-        self.overlap.observe_cpu(sum(r.num_tokens for r in reqs), done.attn_us * 1e-6)
+        self.neo.observe_cpu(sum(r.num_tokens for r in reqs), done.attn_us * 1e-6)
         return done
 
     def _apply_cpu(self, reqs: list[EngineRequest], done) -> None:
@@ -293,50 +307,46 @@ class LLMEngine:
     # --- the gated (NEO-style) baseline ------------------------------------------------------
     async def _gated_loop(self) -> None:
         """One clock: each GPU iteration may carry CPU-resident decodes, admitted only while
-        the GPU batch's dense work is predicted to hide their CPU attention (Eq. 1)."""
+        NEO's overlap conditions (Eq. 1) hold and the pipeline beats GPU-only; their
+        attention runs on the CPU worker, every dense stage on the GPU worker between its
+        own stage tasks, in two sub-batches (asymmetric pipelining)."""
         while True:
             await self.workers.available.wait()
             plan = gpu_round(self.state)
             self._after_round("gpu", plan)
-            cpu = self._gated_selection(plan)
-            if plan.empty and not cpu:
+            sel = self._gated_selection(plan)
+            if plan.empty and not sel.cpu:
                 await self._sleep(self._gpu_wake)
                 continue
-            await self._run_gpu(plan, cpu)
+            await self._run_gpu(plan, sel.cpu, split=len(sel.sb0))
             st = self.state  # between iterations CPU-resident requests wait (swap-in-able)
             for r in reversed([r for r in st.cpu_running if not r.finished]):
                 st.cpu_waiting.appendleft(r)
             st.cpu_running = []
 
-    def _gated_selection(self, plan: GpuPlan) -> list[EngineRequest]:
-        """CPU-resident decodes for this GPU iteration. With no GPU work at all and nothing
-        the GPU could swap in, the pipeline trivially beats GPU-only (which would produce
-        nothing), so the head runs (liveness); otherwise only what Eq. 1 admits."""
+    def _gated_selection(self, plan: GpuPlan):
+        """NEO's admission (cost_model.neo_select) over the ready CPU-waiting decodes. The
+        chosen requests are committed here, synchronously: in flight on the CPU tier and
+        introduced to its worker before any other task runs, so an abort that arrives before
+        the step is dispatched waits for the step instead of releasing them under it."""
         st = self.state
+
+        def fits(r: EngineRequest, chosen: list[EngineRequest]) -> bool:
+            return st.host_fits(growth=sum(c.growth_blocks() for c in chosen)
+                                + r.growth_blocks())
+
         candidates = [r for r in st.cpu_waiting if r.ready and not r.finished
                       and not r.in_flight]
-        if not candidates:
-            return []
-        gpu_time = self.overlap.gpu_time(plan.rows)
-        if plan.empty:
-            gpu_time = float("inf")
-        chosen: list[EngineRequest] = []
-        growth = 0
-        for r in candidates:
-            if len(chosen) >= st.limits.cpu_batch_limit:
-                break
-            ctx = sum(c.num_tokens for c in chosen) + r.num_tokens
-            if self.overlap.cpu_time(ctx) > gpu_time:  # Eq. 1: T_lin >= T_ca
-                break
-            if not st.host_fits(growth=growth + r.growth_blocks()):
-                break
-            chosen.append(r)
-            growth += r.growth_blocks()
-        for r in chosen:
+        sel = neo_select(self.neo, _gpu_work(plan), candidates, lambda r: r.num_tokens,
+                         st.limits.cpu_batch_limit, fits)
+        for r in sel.cpu:
             st.cpu_waiting.remove(r)
             r.blocks += st.host_pool.allocate(r.blocks_for_next())
-        st.cpu_running = list(chosen)  # finishing requests leave it while the step applies
-        return chosen
+        st.cpu_running = list(sel.cpu)  # finishing requests leave it while the step applies
+        self._introduce("cpu", sel.cpu)
+        for r in sel.cpu:
+            r.in_flight = "cpu"
+        return sel
 
     # --- shared helpers ----------------------------------------------------------------------
     def _introduce(self, kind: str, reqs: list[EngineRequest]) -> None:

@@ -99,6 +99,15 @@ class StagedModel:
     def pre_attention(
         self, i: int, hidden: torch.Tensor, batch: ForwardBatch, kv: KVCache
     ) -> torch.Tensor:
+        q, k, v = self.qkv(i, hidden, batch.positions)
+        self.append_kv(i, k, v, batch, kv)
+        return q
+
+    def qkv(self, i: int, hidden: torch.Tensor, positions: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The dense part of pre-attention: RMSNorm, packed QKV, (q/k norm), RoPE ->
+        q [T, Hq, D], k and v [T, Hkv, D]. The gated baseline runs it on the GPU for
+        CPU-resident rows (NEO: dense stages on the GPU, attention on the CPU)."""
         cfg, lw = self.cfg, self.w.layers[i]
         x = rms_norm(hidden, lw.input_norm, cfg.rms_norm_eps)
         qkv = self.linear(x, lw.qkv, lw.qkv_bias)
@@ -110,10 +119,13 @@ class StagedModel:
         if lw.q_norm is not None:
             q = rms_norm(q, lw.q_norm, cfg.rms_norm_eps)
             k = rms_norm(k, lw.k_norm, cfg.rms_norm_eps)
-        q = self.rope.apply(q, batch.positions)
-        k = self.rope.apply(k, batch.positions)
+        return self.rope.apply(q, positions), self.rope.apply(k, positions), v
+
+    @staticmethod
+    def append_kv(i: int, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch,
+                  kv: KVCache) -> None:
+        """The KV append of pre-attention: the step's k/v rows into layer i's blocks."""
         write_kv(kv.k[i], kv.v[i], k, v, batch.slot_mapping)
-        return q
 
     def attention(self, i: int, q: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         if batch.is_decode:

@@ -29,6 +29,8 @@ from dualpace.runtime.layouts import (
     ASSIST_GPU_RUNNING,
     ASSIST_IDLE,
     OP_ECHO,
+    OP_NEO_MID,
+    OP_NEO_PRE,
     OP_POST_ATTN,
     OP_POST_ATTN_FINAL,
     OP_POST_LAYER,
@@ -64,20 +66,83 @@ class AssistChannel:
         self.buf = layout.views(seg, base)
         self.gpu_wake = gpu_wake
         self._calls = self.done_seq.load()  # this side's call count (every CPU rank agrees)
+        self._posted_at = 0.0
 
     # --- CPU side -------------------------------------------------------------------------
-    def call(self, op: int, layer: int, hidden: torch.Tensor, attn: torch.Tensor | None,
-             rows: list[SamplingRow] | None, peer_alive: Callable[[], bool],
-             timeout: float = 600.0, rank: int = 0, size: int = 1) -> torch.Tensor:
-        """Run one assisted stage; returns hidden [b, H] (OP_POST_ATTN, OP_ECHO) or the
-        sampled tokens [b]. ``attn`` is this rank's columns of the attention output."""
-        b = hidden.shape[0]
+    def call(self, op: int, layer: int, hidden: torch.Tensor | None,
+             attn: torch.Tensor | None, rows: list[SamplingRow] | None,
+             peer_alive: Callable[[], bool], timeout: float = 600.0, rank: int = 0,
+             size: int = 1, waits: list[float] | None = None, positions=None, ids=None):
+        """Run one assisted stage; returns hidden [b, H] (OP_POST_ATTN, OP_ECHO), the
+        sampled tokens [b] (OP_POST_LAYER, OP_POST_ATTN_FINAL), or (hidden, q, k, v) with
+        this rank's heads (OP_NEO_PRE, OP_NEO_MID). ``attn`` is this rank's columns of the
+        attention output. ``waits`` (the profiler) gets the CPU-visible wait W: from
+        publishing CPU-Ready to seeing GPU-Done, without the buffer movement on either side
+        (Appendix B)."""
+        b = self.post(op, layer, hidden, attn, rows, rank, size, positions, ids)
+        return self.collect(op, b, peer_alive, timeout, rank, size, waits)
+
+    def post(self, op: int, layer: int, hidden: torch.Tensor | None,
+             attn: torch.Tensor | None, rows: list[SamplingRow] | None, rank: int = 0,
+             size: int = 1, positions=None, ids=None) -> int:
+        """The first half of a call: inputs in, CPU-Ready raised by the last rank to
+        arrive; returns the batch rows. ``collect`` finishes it (the gated pipeline posts
+        one sub-batch's call and attends over the other's KV meanwhile)."""
+        b = self.stage_inputs(op, layer, hidden, attn, rows, rank, positions, ids)
+        self._calls += 1
+        self._posted_at = time.perf_counter()
+        if self.arrive.add(1) == size:
+            self.arrive.store(0)
+            self.call_seq.store(self._calls)
+            self.state.store(ASSIST_CPU_READY)
+            self.gpu_wake.add(1)
+            self.gpu_wake.wake()
+        return b
+
+    def collect(self, op: int, b: int, peer_alive: Callable[[], bool],
+                timeout: float = 600.0, rank: int = 0, size: int = 1,
+                waits: list[float] | None = None):
+        """The second half of a call: wait for GPU-Done, read the outputs, depart."""
+        self._wait_done(peer_alive, timeout)
+        if waits is not None:
+            waits.append(time.perf_counter() - self._posted_at)
+        failed = self.state.load() == ASSIST_GPU_FAILED
+        out = None if failed else self._outputs(op, b, rank, size)
+        if self.depart.add(1) == size:
+            self.depart.store(0)
+            self.state.store(ASSIST_IDLE)
+        if failed:
+            raise AssistFailed("GPU worker failed the Dense Assist call")
+        return out
+
+    def _outputs(self, op: int, b: int, rank: int, size: int):
+        if op in (OP_POST_ATTN, OP_ECHO):
+            return self.buf["hidden_out"][:b].clone()
+        if op in (OP_NEO_PRE, OP_NEO_MID):
+            qc, kc = self.layout.attn_dim // size, self.layout.kv_dim // size
+            return (self.buf["hidden_out"][:b].clone(),
+                    self.buf["q_out"][:b, rank * qc:(rank + 1) * qc].clone(),
+                    self.buf["k_out"][:b, rank * kc:(rank + 1) * kc].clone(),
+                    self.buf["v_out"][:b, rank * kc:(rank + 1) * kc].clone())
+        return self.buf["tokens_out"][:b].clone()
+
+    def stage_inputs(self, op: int, layer: int, hidden: torch.Tensor | None,
+                     attn: torch.Tensor | None, rows: list[SamplingRow] | None,
+                     rank: int = 0, positions=None, ids=None) -> int:
+        """Write one call's inputs into the buffer (rank 0 the shared ones, every rank its
+        attention columns) and return its rows; the profiler stages inputs for
+        ProfileAssist this way."""
+        b = (hidden if hidden is not None else ids).shape[0]
         if b > self.layout.max_rows:
             raise ValueError(
                 f"assist batch of {b} rows exceeds the buffer ({self.layout.max_rows})")
-        self._calls += 1
         if rank == 0:
-            self.buf["hidden_in"][:b].copy_(hidden)
+            if hidden is not None:
+                self.buf["hidden_in"][:b].copy_(hidden)
+            if ids is not None:
+                self.buf["ids_in"][:b].copy_(ids)
+            if positions is not None:
+                self.buf["pos_in"][:b].copy_(positions)
             if rows is not None:
                 self._write_sampling(rows)
             self.op.store(op)
@@ -86,24 +151,7 @@ class AssistChannel:
         if attn is not None:
             cols = attn.shape[1]
             self.buf["attn_in"][:b, rank * cols:(rank + 1) * cols].copy_(attn)
-        if self.arrive.add(1) == size:
-            self.arrive.store(0)
-            self.call_seq.store(self._calls)
-            self.state.store(ASSIST_CPU_READY)
-            self.gpu_wake.add(1)
-            self.gpu_wake.wake()
-        self._wait_done(peer_alive, timeout)
-        failed = self.state.load() == ASSIST_GPU_FAILED
-        out = None
-        if not failed:
-            key = "hidden_out" if op in (OP_POST_ATTN, OP_ECHO) else "tokens_out"
-            out = self.buf[key][:b].clone()
-        if self.depart.add(1) == size:
-            self.depart.store(0)
-            self.state.store(ASSIST_IDLE)
-        if failed:
-            raise AssistFailed("GPU worker failed the Dense Assist call")
-        return out
+        return b
 
     def _wait_done(self, peer_alive: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -165,8 +213,9 @@ def pid_alive(pid: int) -> Callable[[], bool]:
 
 
 def needs_group(op: int) -> bool:
-    """Ops whose GPU work spans the tensor-parallel group (sharded post-attention)."""
-    return op in (OP_POST_ATTN, OP_POST_ATTN_FINAL)
+    """Ops whose GPU work spans the tensor-parallel group: a sharded post-attention, or a
+    QKV whose heads every rank computes its share of."""
+    return op in (OP_POST_ATTN, OP_POST_ATTN_FINAL, OP_NEO_PRE, OP_NEO_MID)
 
 
 __all__ = ["OP_ECHO", "OP_POST_ATTN", "OP_POST_ATTN_FINAL", "OP_POST_LAYER", "AssistChannel"]

@@ -17,9 +17,22 @@ import torch
 
 from dualpace.model.stages import StagedModel
 from dualpace.runtime.assist import AssistChannel
-from dualpace.runtime.layouts import OP_POST_ATTN, OP_POST_ATTN_FINAL, OP_POST_LAYER
+from dualpace.runtime.layouts import (
+    OP_NEO_MID,
+    OP_NEO_PRE,
+    OP_POST_ATTN,
+    OP_POST_ATTN_FINAL,
+    OP_POST_LAYER,
+)
 from dualpace.runtime.protocol import CpuBatch, StepDone
-from dualpace.runtime.routing import FULL_CPU, FUSED_ASSIST, ROUTES, SPLIT_FINAL, route_for
+from dualpace.runtime.routing import (
+    FULL_CPU,
+    FUSED_ASSIST,
+    NEO_PIPELINE,
+    ROUTES,
+    SPLIT_FINAL,
+    route_for,
+)
 from dualpace.runtime.worker_state import RequestTable
 from dualpace.sampling.sampler import sample
 
@@ -32,22 +45,24 @@ class HostKV:
 
 
 class CpuWorker:
-    def __init__(self, model: StagedModel, kv: HostKV, assist: AssistChannel | None,
+    def __init__(self, model: StagedModel, kv: HostKV, channels: list[AssistChannel],
                  thresholds: tuple[int, int], gpu_alive: Callable[[], bool],
                  tp_rank: int = 0, tp_size: int = 1):
         """Under CPU tensor parallelism every rank runs the same batch over its KV heads
         (``kv`` is its region of the host pool); the model all-reduces its row-parallel
-        projections, and Dense Assist calls gather every rank's attention columns."""
+        projections, and Dense Assist calls gather every rank's attention columns.
+        ``channels``: Dense Assist uses the first, the gated pipeline one per sub-batch."""
         self.model = model
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.kv = kv
-        self.assist = assist
+        self.channels = channels
+        self.assist = channels[0] if channels else None
         self.p, self.f = thresholds
         self.gpu_alive = gpu_alive
         self.requests = RequestTable()
         self.steps = 0
         self.assist_calls = 0
-        self.routes = {FULL_CPU: 0, SPLIT_FINAL: 0, FUSED_ASSIST: 0}
+        self.routes = {FULL_CPU: 0, SPLIT_FINAL: 0, FUSED_ASSIST: 0, NEO_PIPELINE: 0}
 
     def route(self, batch_size: int) -> str:
         r = route_for(batch_size, self.p, self.f)
@@ -65,6 +80,8 @@ class CpuWorker:
         fb = self.requests.forward_batch(msg.seqs, self.kv.block_size, m.device)
         rows = self.requests.sampling_rows(msg.seqs)
         route = msg.route or self.route(len(msg.seqs))
+        if route == NEO_PIPELINE:
+            return self._run_pipelined(msg, fb, rows, t0)
         if route not in ROUTES:
             raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
         if route != FULL_CPU and self.assist is None:
@@ -98,6 +115,55 @@ class CpuWorker:
         self.routes[route] += 1
         return StepDone(step_id=msg.step_id, tokens=tokens, route=route, assist_calls=calls,
                         elapsed_us=int((time.perf_counter() - t0) * 1e6),
+                        attn_us=int(attn_s * 1e6))
+
+    def _run_pipelined(self, msg: CpuBatch, fb, rows, t0: float) -> StepDone:
+        """The gated baseline's CPU step as NEO runs it (paper §3.1, Figure 4): the GPU runs
+        every dense stage (embedding, QKV, post-attention, post-layer) of both CPU
+        sub-batches between its own stage tasks, the CPU appends their K/V to the host pool
+        and attends. The sub-batches alternate on two assist channels, so one's dense work
+        on the GPU overlaps the CPU attention over the other's KV."""
+        if len(self.channels) < 2:
+            raise ValueError("route 'neo-pipeline' needs two assist channels")
+        m, n = self.model, self.model.cfg.num_layers
+        if not 0 <= msg.split <= len(msg.seqs):
+            raise ValueError(f"split {msg.split} outside the batch of {len(msg.seqs)}")
+        parts = [(0, msg.split), (msg.split, len(msg.seqs))]
+        subs = []
+        for (lo, hi), ch in zip(parts, self.channels):
+            if lo < hi:
+                sfb = self.requests.forward_batch(msg.seqs[lo:hi], self.kv.block_size,
+                                                  m.device)
+                subs.append((sfb, rows[lo:hi], ch))
+        rank, size, alive = self.tp_rank, self.tp_size, self.gpu_alive
+        for sfb, _, ch in subs:
+            ch.post(OP_NEO_PRE, 0, None, None, None, rank, size, positions=sfb.positions,
+                    ids=sfb.input_ids)
+        ops = [OP_NEO_PRE] * len(subs)
+        calls, attn_s = len(subs), 0.0
+        hq, hkv, d = m.cfg.num_heads, m.cfg.num_kv_heads, m.cfg.head_dim
+        for i in range(n):
+            for j, (sfb, srows, ch) in enumerate(subs):
+                b = sfb.num_rows
+                hidden, q, k, v = ch.collect(ops[j], b, alive, rank=rank, size=size)
+                dt = m.dtype
+                m.append_kv(i, k.view(b, hkv, d).to(dt), v.view(b, hkv, d).to(dt), sfb,
+                            self.kv)
+                ta = time.perf_counter()
+                attn = m.attention(i, q.view(b, hq, d).to(dt), sfb, self.kv)
+                attn_s += time.perf_counter() - ta
+                ops[j] = OP_NEO_MID if i < n - 1 else OP_POST_ATTN_FINAL
+                ch.post(ops[j], i, hidden, attn.float(), srows if i == n - 1 else None, rank,
+                        size, positions=sfb.positions)
+                calls += 1
+        tokens = []
+        for (sfb, _, ch), op in zip(subs, ops):
+            tokens += ch.collect(op, sfb.num_rows, alive, rank=rank, size=size).tolist()
+        self.steps += 1
+        self.assist_calls += calls
+        self.routes[NEO_PIPELINE] += 1
+        return StepDone(step_id=msg.step_id, tokens=tokens, route=NEO_PIPELINE,
+                        assist_calls=calls, elapsed_us=int((time.perf_counter() - t0) * 1e6),
                         attn_us=int(attn_s * 1e6))
 
     def _assist(self, op, layer, hidden, attn, rows):

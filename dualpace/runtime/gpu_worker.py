@@ -11,6 +11,7 @@ the request's reserved host blocks; the request is reported ready only after the
 
 from __future__ import annotations
 
+import collections
 import time
 
 import torch
@@ -20,8 +21,15 @@ from dualpace.model.batch import SeqChunk, build_forward_batch
 from dualpace.model.stages import StagedModel
 from dualpace.runtime.assist import AssistChannel, needs_group
 from dualpace.runtime.device import DeviceOps
-from dualpace.runtime.layouts import OP_ECHO, OP_POST_ATTN
-from dualpace.runtime.protocol import GpuBatch, Migration, SeqStep, StepDone
+from dualpace.runtime.layouts import OP_ECHO, OP_NEO_MID, OP_NEO_PRE, OP_POST_ATTN
+from dualpace.runtime.protocol import (
+    GpuBatch,
+    Migration,
+    ProfileAssist,
+    ProfileDone,
+    SeqStep,
+    StepDone,
+)
 from dualpace.runtime.tp_control import BOUNDARY, IDLE, DecisionLog
 from dualpace.runtime.worker_state import RequestTable
 from dualpace.sampling.sampler import sample
@@ -45,21 +53,28 @@ class GpuWorker:
     def __init__(self, model: StagedModel, kv: KVCache, staging: StagingKV,
                  host_regions: list[tuple[list[torch.Tensor], list[torch.Tensor]]],
                  head_map: list[tuple[int, int, int, int, int]],
-                 assist: AssistChannel | None, assist_reachable: bool,
+                 channels: list[AssistChannel], assist_reachable: bool,
                  tp_rank: int = 0, tp_size: int = 1, decisions: DecisionLog | None = None):
         """``host_regions``: per CPU TP rank, the per-layer (K, V) views of its host-pool
-        region; ``head_map``: where this rank's KV heads live in them (layouts.head_ranges)."""
+        region; ``head_map``: where this rank's KV heads live in them (layouts.head_ranges).
+        ``channels``: the assist channels (Dense Assist uses the first; the gated pipeline's
+        two CPU sub-batches one each); ``assist_reachable``: serve them at stage
+        boundaries (else only while idle: the whole-forward path of §4.2)."""
         self.model = model
         self.kv = kv
         self.staging = staging
         self.host_regions = host_regions
         self.head_map = head_map
-        self.assist = assist
-        self.assist_reachable = assist_reachable and assist is not None
+        self.channels = channels
+        self.assist = channels[0] if channels else None
+        self.assist_reachable = assist_reachable and bool(channels)
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.decisions = decisions
         q = model.cfg.q_size  # this rank's query columns of the full attention output
         self.q_cols = slice(tp_rank * q, (tp_rank + 1) * q)
+        kvs = model.cfg.kv_size  # ... and its k/v columns of a full QKV output
+        self.kv_cols = slice(tp_rank * kvs, (tp_rank + 1) * kvs)
+        self.boundary_served = 0  # assists served between two main stage tasks
         self.ops = DeviceOps(model.device)
         for k, v in host_regions:
             self.ops.register_host(k + v)
@@ -68,66 +83,137 @@ class GpuWorker:
         self.steps = 0
         self.assist_served = 0
         self.assist_busy_us = 0
+        # [op, rows, cuda_us, launch_us, finalize_us] per served call (Appendix B's G, L, F;
+        # the profiler drains them); bounded so a server that never drains stays small.
+        self.assist_samples: collections.deque[list[int]] = collections.deque(maxlen=4096)
 
     # --- Dense Assist ---------------------------------------------------------------------
     def boundary(self) -> None:
-        """A stage boundary: serve a ready Dense Assist before the next main task (rank 0
-        decides; the other ranks follow its published decision)."""
+        """A stage boundary: serve every ready assist before the next main task. Rank 0
+        decides and publishes, per call the group must join, the channel (index + 1), then
+        0 to end the boundary; the other ranks follow that sequence."""
         if not self.assist_reachable:
             return
         if self.tp_rank == 0:
-            ch = self.assist
-            claimed = ch.ready() and ch.claim()
+            for idx, ch in enumerate(self.channels):
+                if ch.ready() and ch.claim():
+                    if self.decisions is not None and needs_group(ch.op.load()):
+                        self.decisions.publish(BOUNDARY, idx + 1)
+                    self._serve_claimed(ch)
+                    self.boundary_served += 1
             if self.decisions is not None:
-                self.decisions.publish(BOUNDARY, claimed and needs_group(ch.op.load()))
-            if claimed:
-                self._serve_claimed()
-        elif self.decisions.next_boundary():
-            self._run_assist(leader=False)
+                self.decisions.publish(BOUNDARY, 0)
+            return
+        while True:
+            kind, c = self.decisions.next_decision()
+            if kind == BOUNDARY and c == 0:
+                return
+            self._run_assist(False, self.channels[c - 1])
 
     def serve_assists(self) -> bool:
-        """While idle: serve a waiting Dense Assist (any configuration: the profiler and
-        benchmarks use the echo op even when no route is reachable)."""
-        if self.assist is None:
+        """While idle: serve waiting assists (any configuration: the profiler and benchmarks
+        use the echo op even when no route is reachable)."""
+        if not self.channels:
             return False
-        if self.tp_rank == 0:
-            ch = self.assist
-            if not (ch.ready() and ch.claim()):
-                return False
-            if self.decisions is not None and needs_group(ch.op.load()):
-                self.decisions.publish(IDLE, True)
-            self._serve_claimed()
-            return True
         served = False
-        while self.decisions.next_idle():
-            self._run_assist(leader=False)
+        if self.tp_rank == 0:
+            for idx, ch in enumerate(self.channels):
+                if ch.ready() and ch.claim():
+                    if self.decisions is not None and needs_group(ch.op.load()):
+                        self.decisions.publish(IDLE, idx + 1)
+                    self._serve_claimed(ch)
+                    served = True
+            return served
+        while (c := self.decisions.next_idle()) != 0:
+            self._run_assist(False, self.channels[c - 1])
             served = True
         return served
 
-    def _serve_claimed(self) -> None:
+    def _serve_claimed(self, ch: AssistChannel) -> None:
+        """Serve the claimed call; record its CUDA execution G, the host launch time L (the
+        rest of the time before the outputs are in place) and the finalization F (publishing
+        GPU-Done), Appendix B's calibration intervals."""
         ok = False
         t0 = time.perf_counter()
+        iv = self.ops.interval()
+        op, rows = ch.op.load(), ch.rows.load()
         try:
-            self._run_assist(leader=True)
+            self._run_assist(True, ch, op, ch.layer.load(), rows, iv)
             ok = True
         finally:
-            self.assist.finish(ok)
+            t1 = time.perf_counter()
+            ch.finish(ok)
+            t2 = time.perf_counter()
             self.assist_served += 1
-            # GPU-main time displaced by assists: the profiler's disturbance d (Eq. 8).
-            self.assist_busy_us += int((time.perf_counter() - t0) * 1e6)
+            # GPU-main time displaced by assists: the disturbance d (Eq. 8).
+            self.assist_busy_us += int((t2 - t0) * 1e6)
+            if ok:
+                g = iv.seconds()
+                self.assist_samples.append([op, rows, int(g * 1e6),
+                                            int(max(t1 - t0 - g, 0.0) * 1e6),
+                                            int((t2 - t1) * 1e6)])
 
     @torch.inference_mode()
-    def _run_assist(self, leader: bool) -> None:
-        ch, m = self.assist, self.model
-        op, layer, rows = ch.op.load(), ch.layer.load(), ch.rows.load()
+    def profile_assist(self, msg: ProfileAssist) -> ProfileDone:
+        """Appendix B's GPU microbenchmark g_x(b): the op's whole device path (input upload,
+        kernels, output download) on the staged inputs, each repeat synchronized; every rank
+        runs it (the op's all-reduces span the group) and reports its own times."""
+        leader = self.tp_rank == 0
+
+        def once() -> None:
+            self._run_assist(leader, self.assist, msg.op, msg.layer, msg.rows)
+
+        for _ in range(msg.warmup):
+            once()
+        times = []
+        for _ in range(msg.repeats):
+            self.ops.wait_compute()
+            t0 = time.perf_counter()
+            for _ in range(msg.iters):
+                once()
+            self.ops.wait_compute()
+            times.append(int((time.perf_counter() - t0) * 1e6))
+        return ProfileDone(step_id=msg.step_id, repeat_us=times)
+
+    @torch.inference_mode()
+    def _run_assist(self, leader: bool, ch: AssistChannel, op: int | None = None,
+                    layer: int = 0, rows: int = 0, iv=None) -> None:
+        if op is None:  # a follower rank: the leader published the call in the words
+            op, layer, rows = ch.op.load(), ch.layer.load(), ch.rows.load()
+        if iv is not None:
+            iv.start()
+        self._assist_op(leader, ch, op, layer, rows)
+        if iv is not None:
+            iv.stop()
+
+    def _assist_op(self, leader: bool, ch: AssistChannel, op: int, layer: int,
+                   rows: int) -> None:
+        m = self.model
         if op == OP_ECHO:
             if leader:
                 ch.buf["hidden_out"][:rows].copy_(ch.buf["hidden_in"][:rows])
             return
-        h = ch.buf["hidden_in"][:rows].to(m.device, m.dtype)
-        if needs_group(op):
+        if op == OP_NEO_PRE:
+            h = m.pre_layer(ch.buf["ids_in"][:rows].to(m.device))
+        else:
+            h = ch.buf["hidden_in"][:rows].to(m.device, m.dtype)
+        if needs_group(op) and op != OP_NEO_PRE:
             a = ch.buf["attn_in"][:rows, self.q_cols].to(m.device, m.dtype)
             h = m.post_attention(layer, h, a)  # all ranks: the O/down all-reduces
+        if op in (OP_NEO_PRE, OP_NEO_MID):  # the next layer's QKV, this rank's heads
+            nxt = 0 if op == OP_NEO_PRE else layer + 1
+            q, k, v = m.qkv(nxt, h, ch.buf["pos_in"][:rows].to(m.device))
+            ch.buf["q_out"][:rows, self.q_cols].copy_(q.reshape(rows, -1).float())
+            ch.buf["k_out"][:rows, self.kv_cols].copy_(k.reshape(rows, -1).float())
+            ch.buf["v_out"][:rows, self.kv_cols].copy_(v.reshape(rows, -1).float())
+            if leader:
+                ch.buf["hidden_out"][:rows].copy_(h.float())
+            if self.tp_size > 1:
+                # Every rank wrote its own heads: none may publish GPU-Done (rank 0) before
+                # all have, and a follower must read this call's words before the CPU can
+                # post the next one. A one-element all-reduce, waited on, is that barrier.
+                float(m.all_reduce(torch.ones(1, device=m.device)))
+            return
         if not leader:
             return
         if op == OP_POST_ATTN:

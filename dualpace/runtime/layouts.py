@@ -101,7 +101,14 @@ ASSIST_IDLE, ASSIST_CPU_READY, ASSIST_GPU_RUNNING, ASSIST_GPU_DONE, ASSIST_GPU_F
 # Operations: one post-attention stage; the post-layer (+ sampling); the last layer's
 # post-attention fused with the post-layer (Fused-Assist's final call); an echo of hidden_in
 # into hidden_out that measures the handshake and buffer movement alone (profiler, benches).
+# The gated (NEO-style) baseline's dense stages on the GPU: the embedding with layer 0's
+# QKV (ids_in, pos_in -> hidden_out, q/k/v_out), and layer i's post-attention with layer
+# i+1's QKV (hidden_in, attn_in, pos_in -> hidden_out, q/k/v_out).
 OP_POST_ATTN, OP_POST_LAYER, OP_POST_ATTN_FINAL, OP_ECHO = 1, 2, 3, 4
+OP_NEO_PRE, OP_NEO_MID = 5, 6
+# Assist channels: Dense Assist uses the first; the gated baseline's two CPU sub-batches use
+# one each, so one's dense work runs on the GPU while the CPU attends over the other's KV.
+NUM_ASSIST_CHANNELS = 2
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,7 @@ class AssistLayout:
     max_rows: int
     hidden: int
     attn_dim: int  # the attention output width entering O projection (q heads x head_dim)
+    kv_dim: int = 0  # k (and v) width of a QKV output (kv heads x head_dim; NEO ops)
 
     # state word, request fields, then the tensor-parallel counters: CPU ranks arriving with
     # their inputs / departing with the outputs, the call number and the last call done.
@@ -126,6 +134,11 @@ class AssistLayout:
             ("out_index", (r,), torch.int32),
             ("seed", (r,), torch.int64),
             ("tokens_out", (r,), torch.int64),
+            ("ids_in", (r,), torch.int64),
+            ("pos_in", (r,), torch.int64),
+            ("q_out", (r, self.attn_dim), torch.float32),
+            ("k_out", (r, self.kv_dim), torch.float32),
+            ("v_out", (r, self.kv_dim), torch.float32),
         ]
 
     def offsets(self) -> dict[str, int]:

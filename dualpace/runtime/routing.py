@@ -4,6 +4,9 @@ from __future__ import annotations
 
 FULL_CPU, SPLIT_FINAL, FUSED_ASSIST = "full-cpu", "split-final", "fused-assist"
 ROUTES = (FULL_CPU, SPLIT_FINAL, FUSED_ASSIST)
+# Not one of Eq. 5's routes: the gated (NEO-style) baseline's CPU step, attention alone on
+# the CPU and every dense stage (embedding and QKV included) on the GPU, in two sub-batches.
+NEO_PIPELINE = "neo-pipeline"
 
 
 def parse_thresholds(text: str) -> tuple[int, int]:

@@ -34,6 +34,7 @@ from dualpace.runtime import protocol as P
 from dualpace.runtime.assist import AssistChannel
 from dualpace.runtime.client import WorkerClient, WorkerDied, WorkerGroup
 from dualpace.runtime.layouts import (
+    NUM_ASSIST_CHANNELS,
     AssistLayout,
     HostKVLayout,
     RingLayout,
@@ -96,7 +97,7 @@ class Sizing:
             host_kv=HostKVLayout(mc.num_layers, host_blocks, mc.num_kv_heads // config.cpu_tp,
                                  bs, mc.head_dim, _dtype_name(cpu_dtype)),
             assist=AssistLayout(max_rows=config.cpu_batch_limit_or_default(),
-                                hidden=mc.hidden_size,
+                                hidden=mc.hidden_size, kv_dim=mc.kv_size,
                                 attn_dim=mc.q_size),
             ring=RingLayout(),
             gpu_cores=gpu_cores,
@@ -175,7 +176,7 @@ class Runtime:
             "host_kv": inst.create("host-kv", cfg.cpu_tp * s.host_kv.size),
             "rings": inst.create("rings", 2 * len(ranks) * s.ring.size),
             "wake": inst.create("wake", wake_layout.size),
-            "assist": inst.create("assist", s.assist.size),
+            "assist": inst.create("assist", NUM_ASSIST_CHANNELS * s.assist.size),
             "tpctl": inst.create("tpctl", TPControlLayout().size),
         }
         self._segments = segs
@@ -260,7 +261,7 @@ class Runtime:
             msg = P.control_decoder.decode(raw)
             if isinstance(msg, P.Hello):
                 self._identities[(msg.kind, msg.rank)] = ident
-            elif isinstance(msg, (P.Pong, P.Stats)):
+            elif isinstance(msg, (P.Pong, P.Stats, P.AssistSamples)):
                 q = self._replies.setdefault((msg.kind, msg.rank), asyncio.Queue())
                 q.put_nowait(msg)
 
@@ -355,6 +356,11 @@ class Runtime:
 
     async def stats(self) -> list[P.Stats]:
         return [await self._ask(c.kind, c.rank, P.StatsRequest()) for c in self._children]
+
+    async def assist_samples(self) -> list[list[int]]:
+        """GPU rank 0's timings of the Dense Assists served since the last call (drained):
+        [op, rows, cuda_us, launch_us, finalize_us] each (Appendix B calibration)."""
+        return (await self._ask("gpu", 0, P.AssistSamplesRequest())).samples
 
     def assist_channel(self) -> AssistChannel:
         """An extra handle on the Dense Assist exchange, for the profiler and benchmarks,

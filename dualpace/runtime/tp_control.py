@@ -3,9 +3,11 @@ blocks carry "tensor-parallel control state").
 
 Serving a Dense Assist on a tensor-parallel GPU group is a collective: every rank must run
 its shard of the post-attention at the same point of its FIFO of stage tasks. Rank 0 alone
-looks at the assist state word and publishes one decision per decision point (each stage
-boundary, and each idle-time assist that needs the group); the other ranks consume the same
-sequence in order, so all ranks agree without a collective per boundary.
+looks at the assist state words and publishes the decisions; the other ranks consume the
+same sequence in order, so all ranks agree without a collective per boundary. A decision's
+value is the assist channel the group joins (index + 1); at a stage boundary rank 0
+publishes one per call it serves that needs the group, then 0 to end the boundary; while
+idle, one per such call.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class DecisionLog:
         self.seen = self.head.load()  # decisions this rank has published or consumed
 
     # rank 0
-    def publish(self, kind: int, join: bool) -> None:
+    def publish(self, kind: int, join: int) -> None:
         seq = self.seen + 1
         _SLOT.pack_into(self.buf, self.base + self.layout.slot(seq), seq, kind, int(join))
         self.seen = seq
@@ -44,27 +46,31 @@ class DecisionLog:
     def _slot(self, seq: int) -> tuple[int, int, int]:
         return _SLOT.unpack_from(self.buf, self.base + self.layout.slot(seq))
 
-    def next_boundary(self, timeout: float = 600.0) -> bool:
-        """Block until rank 0's decision for this rank's next boundary; True = join."""
+    def next_decision(self, timeout: float = 600.0) -> tuple[int, int]:
+        """Block until rank 0's next decision: (kind, channel to join as index + 1, or 0 at
+        a boundary's end). At a boundary a follower may meet an IDLE decision: rank 0
+        served that assist while idle, before it took the step this rank already began (no
+        collective runs before a step's first boundary), so the follower joins it there."""
         want = self.seen + 1
         while self.head.load() < want:
             if not self.head.wait_while_equal(self.head.load(), timeout=timeout, spin=2000):
                 raise TimeoutError("GPU rank 0 published no decision in time")
         seq, kind, join = self._slot(want)
-        if seq != want or kind != BOUNDARY:
-            raise RuntimeError(f"tensor-parallel decision log out of step (want boundary "
-                               f"{want}, found seq {seq} kind {kind})")
+        if seq != want or kind not in (BOUNDARY, IDLE):
+            raise RuntimeError(f"tensor-parallel decision log out of step (want {want}, "
+                               f"found seq {seq} kind {kind})")
         self.seen = want
-        return bool(join)
+        return kind, join
 
-    def next_idle(self) -> bool:
+    def next_idle(self) -> int:
         """Consume a pending idle-time decision if that is what comes next (never a boundary
-        decision: that one belongs to a step this rank has not started yet)."""
+        decision: that one belongs to a step this rank has not started yet): the channel
+        to join (index + 1), or 0 when there is none."""
         want = self.seen + 1
         if self.head.load() < want:
-            return False
-        seq, kind, _ = self._slot(want)
+            return 0
+        seq, kind, join = self._slot(want)
         if seq != want or kind != IDLE:
-            return False
+            return 0
         self.seen = want
-        return True
+        return join

@@ -31,6 +31,7 @@ from dualpace.runtime.cpu_worker import CpuWorker, HostKV
 from dualpace.runtime.gpu_worker import GpuWorker, StagingKV
 from dualpace.runtime.layouts import (
     DTYPES,
+    NUM_ASSIST_CHANNELS,
     AssistLayout,
     HostKVLayout,
     RingLayout,
@@ -68,13 +69,15 @@ class WorkerProcess:
         host = HostKVLayout(**spec.host_kv)
         regions = [host.views(seg["host_kv"], c * host.size)
                    for c in range(spec.num_host_regions)]
-        channel = AssistChannel(seg["assist"], AssistLayout(**spec.assist), 0,
-                                wake(spec.gpu_wake_index))
+        assist = AssistLayout(**spec.assist)
+        channels = [AssistChannel(seg["assist"], assist, i * assist.size,
+                                  wake(spec.gpu_wake_index))
+                    for i in range(NUM_ASSIST_CHANNELS)]
         decisions = None
         if spec.kind == "gpu" and spec.tp_size > 1:
             decisions = DecisionLog(seg["tpctl"].buf, 0, TPControlLayout(),
                                     [wake(i) for i in spec.follower_wake_indices])
-        self.worker = self._build(host, regions, channel, decisions)
+        self.worker = self._build(host, regions, channels, decisions)
 
     def _all_reduce(self, device: torch.device):
         """The tensor-parallel group's sum (torch.distributed: NCCL on CUDA, else Gloo)."""
@@ -95,7 +98,7 @@ class WorkerProcess:
 
         return all_reduce
 
-    def _build(self, host: HostKVLayout, regions, channel, decisions):
+    def _build(self, host: HostKVLayout, regions, channels, decisions):
         cfg, spec = self.config, self.spec
         full = load_model_config(cfg.model)
         local = full.shard(spec.tp_size)
@@ -115,14 +118,17 @@ class WorkerProcess:
                                 cfg.block_size, local.head_dim, dtype, device)
             heads = head_ranges(full.num_kv_heads, spec.tp_size, spec.num_host_regions,
                                 spec.rank)
-            reachable = assist_reachable(cfg.cpu_batch_limit_or_default(), p, f)
-            return GpuWorker(model, kv, staging, regions, heads, channel, reachable,
+            # Stage boundaries serve assists when a route can call one (§4.2), and always
+            # for the gated baseline: its CPU sub-batches' dense stages run between them.
+            reachable = (cfg.policy == "gated"
+                         or assist_reachable(cfg.cpu_batch_limit_or_default(), p, f))
+            return GpuWorker(model, kv, staging, regions, heads, channels, reachable,
                              spec.rank, spec.tp_size, decisions)
         dtype = DTYPES[host.dtype]
         model = StagedModel(local, load_weights(cfg.model, full, dtype, "cpu", shard), max_len,
                             all_reduce=self._all_reduce(torch.device("cpu")))
         k, v = regions[spec.rank]
-        return CpuWorker(model, HostKV(k, v, cfg.block_size), channel, (p, f),
+        return CpuWorker(model, HostKV(k, v, cfg.block_size), channels, (p, f),
                          pid_alive(spec.gpu_pid), spec.rank, spec.tp_size)
 
     # --- data plane -------------------------------------------------------------------------
@@ -134,7 +140,12 @@ class WorkerProcess:
             self.worker.requests.release(msg)
         else:
             try:
-                out = self.worker.run(msg)
+                if isinstance(msg, P.ProfileAssist):
+                    if not isinstance(self.worker, GpuWorker):
+                        raise ValueError("ProfileAssist goes to GPU workers")
+                    out = self.worker.profile_assist(msg)
+                else:
+                    out = self.worker.run(msg)
             except Exception as e:  # a failed step is reported, the worker lives on
                 log.exception("step %s failed", msg.step_id)
                 out = P.StepFailed(step_id=msg.step_id, message=f"{type(e).__name__}: {e}")
@@ -168,7 +179,15 @@ class WorkerProcess:
                                 assist_served=getattr(w, "assist_served", 0),
                                 assist_calls=getattr(w, "assist_calls", 0),
                                 routes=dict(getattr(w, "routes", {})),
-                                assist_busy_us=getattr(w, "assist_busy_us", 0))
+                                assist_busy_us=getattr(w, "assist_busy_us", 0),
+                                assist_at_boundary=getattr(w, "boundary_served", 0))
+            elif isinstance(msg, P.AssistSamplesRequest):
+                samples = getattr(w, "assist_samples", None)
+                drained = []
+                while samples:
+                    drained.append(samples.popleft())
+                reply = P.AssistSamples(kind=self.spec.kind, rank=self.spec.rank,
+                                        samples=drained)
             elif isinstance(msg, P.Shutdown):
                 self.stop = True
                 self.wake.add(1)

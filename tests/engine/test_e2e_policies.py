@@ -27,7 +27,7 @@ CASES = [
     ("dualpace", "", "full-cpu"),  # no thresholds: F = C, Dense Assist off (§4.2)
     ("dualpace", "64,0", "split-final"),
     ("dualpace", "0,0", "fused-assist"),  # Eq. 5 literally: every batch b >= 1 > P = 0
-    ("gated", "", "fused-assist"),
+    ("gated", "", "neo-pipeline"),  # NEO: dense stages on the GPU, attention on the CPU
     ("gpu-only", "", None),
 ]
 

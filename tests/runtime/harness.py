@@ -70,8 +70,9 @@ class Driver:
         for r, t in zip(reqs, done.tokens):
             r.out.append(t)
 
-    async def cpu_step(self, reqs: list[Req]) -> P.StepDone:
-        batch = P.CpuBatch(step_id=next(self.steps), seqs=[self._step_for(r, "cpu") for r in reqs])
+    async def cpu_step(self, reqs: list[Req], route: str = "", split: int = 0) -> P.StepDone:
+        batch = P.CpuBatch(step_id=next(self.steps), seqs=[self._step_for(r, "cpu") for r in reqs],
+                           route=route, split=split)
         done = await self.rt.cpu.step(batch)
         for r, t in zip(reqs, done.tokens):
             r.out.append(t)

@@ -11,7 +11,7 @@ import pytest
 
 from dualpace.config import EngineConfig
 from dualpace.model.config import load_model_config
-from dualpace.runtime.routing import FULL_CPU, FUSED_ASSIST, SPLIT_FINAL
+from dualpace.runtime.routing import FULL_CPU, FUSED_ASSIST, NEO_PIPELINE, SPLIT_FINAL
 from dualpace.runtime.supervisor import Runtime
 
 from ..conftest import VOCAB, hf_greedy
@@ -109,3 +109,49 @@ def test_prefill_to_cpu_then_each_route(llama_checkpoint, thresholds, route, tp)
     calls = {FULL_CPU: 0, SPLIT_FINAL: 1, FUSED_ASSIST: layers}[route] * len(d.routes)
     assert d.assist_calls == calls
     assert stats["gpu"].assist_served == calls and stats["cpu"].assist_calls == calls
+
+
+@pytest.mark.parametrize("tp", [*TP, pytest.param((2, 1), id="gpu_tp2-cpu_tp1")])
+@pytest.mark.parametrize("split", [1, 0])
+def test_neo_pipeline_overlaps_the_gpu_step(llama_checkpoint, tp, split):
+    """The gated baseline's CPU step (every dense stage on the GPU, attention on the CPU,
+    two sub-batches on two assist channels) while the GPU runs its own steps: token-exact,
+    N + 1 assist calls per sub-batch, and served at the GPU's stage boundaries (the CPU
+    work overlaps the GPU step instead of waiting for it to end)."""
+    path, hf = llama_checkpoint
+    prompts = _prompts(29)
+    layers = load_model_config(str(path)).num_layers
+
+    async def body(rt, d):
+        reqs = [d.new(p) for p in prompts]
+        await d.prefill_to_cpu(reqs)
+        gpu_req = d.new(_prompts(31)[2] * 4)
+        await d.gpu_step([gpu_req])
+        done = asyncio.Event()
+
+        async def gpu_busy():
+            while not done.is_set():
+                await d.gpu_step([gpu_req])
+
+        async def cpu_steps():
+            try:
+                return [await d.cpu_step(reqs, route=NEO_PIPELINE, split=split)
+                        for _ in range(5)]
+            finally:
+                done.set()
+
+        _, steps = await asyncio.gather(gpu_busy(), cpu_steps())
+        stats = {s.kind: s for s in await rt.stats() if s.rank == 0}
+        d.release([*reqs, gpu_req])
+        return [r.out for r in reqs], steps, stats, gpu_req.out
+
+    outs, steps, stats, gpu_out = run_with_runtime(path, "0,0", body, tp)
+    for p, out in zip(prompts, outs):
+        assert out == hf_greedy(hf, p, len(out))
+    sub_batches = 2 if 0 < split < len(prompts) else 1
+    assert all(s.route == NEO_PIPELINE and s.assist_calls == sub_batches * (layers + 1)
+               for s in steps)
+    assert stats["gpu"].assist_served >= 5 * sub_batches * (layers + 1)
+    assert stats["gpu"].assist_at_boundary > 0, "no assist was served inside a GPU step"
+    long_prompt = _prompts(31)[2] * 4
+    assert gpu_out == hf_greedy(hf, long_prompt, len(gpu_out))
