@@ -91,3 +91,42 @@ def test_abort_in_every_state(state):
             await eng.stop()
 
     asyncio.run(main())
+
+
+def test_gated_abort_between_selection_and_dispatch_waits_for_the_step():
+    """An abort that arrives right after the gated loop selected a CPU decode, before the
+    step is dispatched: the request is already in flight, so it finishes when the step
+    returns, and the rest of the CPU batch is untouched (before, its Release reached the
+    CPU worker ahead of the step, which refused a request it no longer knew and the whole
+    batch was aborted)."""
+    async def main():
+        workers = FakeWorkers(delay=0.01)
+        limits = Limits(max_num_seqs=4, gpu_token_limit=64, cpu_batch_limit=4,
+                        max_model_len=1000, staging_blocks=64)
+        eng = LLMEngine(workers, gpu_blocks=12, host_blocks=64, block_size=4, limits=limits,
+                        policy="gated", vocab_size=1000, eos_ids=())
+        aborted: list[int] = []
+        select = eng._gated_selection
+
+        def select_then_abort(plan):
+            sel = select(plan)
+            if len(sel.cpu) >= 2 and not aborted:
+                aborted.append(sel.cpu[0].rid)
+                eng.abort(sel.cpu[0].rid)  # a client went away: no await in between
+            return sel
+
+        eng._gated_selection = select_then_abort
+        eng.start()
+        try:
+            streams = [eng.add_request([5 + i] * 30, _params(12), 1000) for i in range(4)]
+            outs = await asyncio.wait_for(asyncio.gather(*(_drain(s) for s in streams)), 20)
+        finally:
+            await eng.stop()
+        return streams, outs, aborted
+
+    streams, outs, aborted = asyncio.run(main())
+    assert aborted, "no CPU batch of two or more was selected"
+    for s, deltas in zip(streams, outs):
+        last = deltas[-1]
+        assert last.error is None, last.error
+        assert last.finish_reason == ("abort" if s.rid == aborted[0] else "length")
