@@ -64,7 +64,8 @@ def test_policy_outputs_match_transformers(workload, policy, thresholds, route):
 def test_long_prompts_and_a_cpu_tier_larger_than_max_num_seqs(llama_checkpoint):
     """Prompts longer than the batched-token limit reach the host tier (Prefill-to-CPU alone
     in a round past the limit) and the CPU tier batches more requests than --max-num-seqs
-    when C allows it; every output token-for-token equal to transformers'."""
+    when C allows it, Fused-Assist included (the Assist Buffer is sized by C, not by
+    --max-num-seqs); every output token-for-token equal to transformers'."""
     path, hf = llama_checkpoint
     rng = random.Random(11)
     lens = [100, 90] + [rng.randint(4, 20) for _ in range(12)]
@@ -79,7 +80,7 @@ def test_long_prompts_and_a_cpu_tier_larger_than_max_num_seqs(llama_checkpoint):
             cpu_batches.append(len(plan.batch))
 
     with LLM(str(path), gpu_device="cpu", gpu_kv_blocks=4, cpu_kv_gib=0.05, max_num_seqs=4,
-             cpu_batch_limit=16, max_num_batched_tokens=32) as llm:
+             cpu_batch_limit=16, max_num_batched_tokens=32, assist_thresholds="0,0") as llm:
         llm._serving.engine.on_round = watch
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
                                                     ignore_eos=True))
@@ -89,5 +90,6 @@ def test_long_prompts_and_a_cpu_tier_larger_than_max_num_seqs(llama_checkpoint):
         assert o.token_ids == want
     assert {100, 90} <= set(to_cpu_lens), "a long prompt never went Prefill-to-CPU"
     assert max(cpu_batches) > 4, f"CPU batches {sorted(set(cpu_batches))} never exceeded 4"
+    assert m['dualpace:dense_assist_calls_total{route="fused-assist"}'] > 0
     assert m['dualpace:kv_blocks_used{tier="cpu"}'] == 0
     assert m['dualpace:kv_blocks_used{tier="gpu"}'] == 0
