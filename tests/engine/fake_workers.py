@@ -28,7 +28,7 @@ class FakeGroup:
 
     def send(self, msg) -> None:
         if isinstance(msg, P.NewRequest):
-            assert msg.req_id not in self.known, "request introduced twice"
+            self.world.require(msg.req_id not in self.known, "request introduced twice")
             self.known.add(msg.req_id)
         elif isinstance(msg, P.Release):
             for rid in msg.req_ids:
@@ -46,32 +46,33 @@ class FakeGroup:
         ready = []
         if isinstance(batch, P.GpuBatch):
             for m in batch.swap_out:
-                assert m.req_id in self.known, "swap-out of an unknown request"
+                w.require(m.req_id in self.known, "swap-out of an unknown request")
                 w.on_host.add(m.req_id)
                 ready.append(m.req_id)
             for m in batch.swap_in:
-                assert m.req_id in w.on_host, "swap-in of KV that is not on the host"
+                w.require(m.req_id in w.on_host, "swap-in of KV that is not on the host")
                 w.on_host.discard(m.req_id)
                 self.tables[m.req_id] = list(m.dst_blocks)
                 ready.append(m.req_id)
         tokens = []
         for s in batch.seqs:
-            assert s.req_id in self.known, f"{self.kind} worker never introduced to {s.req_id}"
+            w.require(s.req_id in self.known, f"{self.kind} worker never introduced to {s.req_id}")
             if s.host_blocks:  # Prefill-to-CPU
-                assert s.start_pos == 0, "Prefill-to-CPU not from position 0"
+                w.require(s.start_pos == 0, "Prefill-to-CPU not from position 0")
                 w.on_host.add(s.req_id)
                 ready.append(s.req_id)
             else:
                 if self.kind == "cpu":
-                    assert s.req_id in w.on_host, "CPU decode before its KV reached the host"
+                    w.require(s.req_id in w.on_host, "CPU decode before its KV reached the host")
                 table = self.tables.setdefault(s.req_id, [])
                 if s.reset:
                     table[:] = s.new_blocks
                 else:
                     table.extend(s.new_blocks)
                 end = s.start_pos + len(s.token_ids)
-                assert len(table) * w.block_size >= end, "block table too short"
-                assert len(set(table)) == len(table), f"block twice in {self.kind} table {table}"
+                w.require(len(table) * w.block_size >= end, "block table too short")
+                w.require(len(set(table)) == len(table),
+                          f"block twice in {self.kind} table {table}")
             tokens.append(fake_token(s.req_id, s.out_index, w.vocab) if s.sample else -1)
         w.executed.append((self.kind, [s.req_id for s in batch.seqs]))
         calls = 0
@@ -122,12 +123,23 @@ class VirtualClock:
                 fut.set_result(None)
 
 
+class ProtocolViolation(AssertionError):
+    """The engine sent a worker something a real worker could not execute."""
+
+
+LIVE: list[FakeWorkers] = []  # every FakeWorkers of the running test (tests/engine/conftest)
+
+
 class FakeWorkers:
     def __init__(self, vocab: int = 1000, block_size: int = BLOCK, delay: float = 0.0,
                  clock: VirtualClock | None = None,
                  step_time: Callable[[str, object], float] | None = None):
         """``delay``: real seconds per step; with ``clock``, ``step_time(kind, batch)``
-        virtual seconds instead."""
+        virtual seconds instead. A protocol violation raises inside the step (the engine
+        then aborts the batch, as it would on a real worker's failure) *and* is recorded:
+        tests/engine/conftest.py fails the test if any was, so an abort cannot hide it."""
+        self.violations: list[str] = []
+        LIVE.append(self)
         self.vocab = vocab
         self.block_size = block_size
         self.delay = delay
@@ -139,3 +151,8 @@ class FakeWorkers:
         self.cpu = FakeGroup("cpu", self)
         self.available = asyncio.Event()
         self.available.set()
+
+    def require(self, ok: bool, what: str) -> None:
+        if not ok:
+            self.violations.append(what)
+            raise ProtocolViolation(what)

@@ -60,6 +60,7 @@ async def run_workload(policy, gpu_blocks, host_blocks, limits, jobs, aborts,
         async for d in stream:
             toks += d.token_ids
             reason = d.finish_reason
+            assert d.error is None, f"request {i}: {d.error}"  # a failed step, not an abort
         outs[i] = (stream.rid, toks, reason)
 
     try:
