@@ -39,8 +39,9 @@ def test_transformers_loads_it_and_agrees(tmp_path):
         hf.generation_config.eos_token_id = None
         ref = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                           max_new_tokens=12, min_new_tokens=12, pad_token_id=0)[0, 4:].tolist()
-    out = LLM(str(path)).generate([prompt], SamplingParams(temperature=0, max_tokens=12,
-                                                           ignore_eos=True))[0]
+    with LLM(str(path), gpu_device="cpu") as llm:
+        out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12,
+                                                    ignore_eos=True))[0]
     assert out.token_ids == ref
 
 

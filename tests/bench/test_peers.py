@@ -80,7 +80,7 @@ def _post(url: str, body: dict) -> tuple[int, bytes]:
 
 def test_floor_greedy_tokens_equal_dualpace(peer_ckpt, floor_url):
     prompts = ["def f(x):", "  indented text", "naïve café"]
-    with LLM(str(peer_ckpt), gpu_kv_blocks=32) as llm:
+    with LLM(str(peer_ckpt), gpu_device="cpu", gpu_kv_blocks=32) as llm:
         ours = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12,
                                                     ignore_eos=True))
     for prompt, out in zip(prompts, ours):

@@ -49,6 +49,7 @@ def test_policy_outputs_match_transformers(workload, policy, thresholds, route):
     assert cpu_tokens + gpu_tokens == N_REQ * MAX_TOKENS
     assert m['dualpace:request_success_total{finished_reason="length"}'] == N_REQ
     assert m['dualpace:kv_blocks_used{tier="gpu"}'] == 0
+    assert m['dualpace:kv_blocks_used{tier="cpu"}'] == 0  # no host-tier block leaked
     if route is None:
         assert cpu_tokens == 0
         return

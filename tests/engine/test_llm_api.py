@@ -9,7 +9,9 @@ from dualpace import LLM, SamplingParams
 
 @pytest.fixture(scope="module")
 def llm(llama_checkpoint):
-    return LLM(str(llama_checkpoint[0]), max_model_len=256, gpu_kv_blocks=64)
+    with LLM(str(llama_checkpoint[0]), gpu_device="cpu", max_model_len=256,
+             gpu_kv_blocks=64) as llm:
+        yield llm
 
 
 def test_string_and_token_prompts_agree(llm):
@@ -78,7 +80,7 @@ def test_unknown_option_is_rejected(llama_checkpoint):
 
 
 def test_context_manager_shuts_down(llama_checkpoint):
-    with LLM(str(llama_checkpoint[0]), gpu_kv_blocks=16) as llm:
+    with LLM(str(llama_checkpoint[0]), gpu_device="cpu", gpu_kv_blocks=16) as llm:
         llm.generate("a", SamplingParams(max_tokens=2))
     with pytest.raises(RuntimeError, match="shut down"):
         llm.generate("a", SamplingParams(max_tokens=2))

@@ -90,8 +90,9 @@ def test_greedy_generation_token_exact(hf_checkpoint, block_size):
     _, path, hf = hf_checkpoint
     prompts = _prompts(seed=3)
     n = 40
-    llm = LLM(str(path), block_size=block_size, gpu_kv_blocks=96)
-    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+    with LLM(str(path), gpu_device="cpu", block_size=block_size, gpu_kv_blocks=96) as llm:
+        outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=n,
+                                                    ignore_eos=True))
     for p, o in zip(prompts, outs):
         assert o.finish_reason == "length"
         assert o.token_ids == hf_greedy(hf, p, n)
@@ -102,7 +103,8 @@ def test_preemption_keeps_greedy_output(llama_checkpoint):
     path, hf = llama_checkpoint
     prompts = _prompts(seed=5)[:4]
     n = 24
-    llm = LLM(str(path), block_size=16, gpu_kv_blocks=14)
-    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+    with LLM(str(path), gpu_device="cpu", block_size=16, gpu_kv_blocks=14) as llm:
+        outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=n,
+                                                    ignore_eos=True))
     for p, o in zip(prompts, outs):
         assert o.token_ids == hf_greedy(hf, p, n)

@@ -16,6 +16,7 @@ from dualpace.runtime.layouts import (
     ASSIST_GPU_RUNNING,
     ASSIST_IDLE,
     OP_ECHO,
+    OP_NEO_MID,
     AssistLayout,
     WakeLayout,
 )
@@ -83,17 +84,23 @@ def test_gpu_side_failure_reaches_the_caller(channel):
     def boom(*args):
         raise RuntimeError("kernel failed")
 
+    raised: list[BaseException] = []
+
     def server():
         while not ch.ready():
             time.sleep(0.001)
-        with pytest.raises(RuntimeError):
+        try:
             ch.serve(boom)
+        except RuntimeError as e:  # recorded: a pytest.raises in a thread only warns
+            raised.append(e)
 
     t = threading.Thread(target=server)
     t.start()
     with pytest.raises(AssistFailed, match="failed"):
         ch.call(OP_ECHO, 0, torch.zeros(1, 32), None, None, lambda: True, timeout=5)
     t.join()
+    assert [str(e) for e in raised] == ["kernel failed"]  # serve re-raised after publishing
+    assert ch.state.load() == ASSIST_IDLE
 
 
 def test_oversized_batch_is_rejected(channel):
@@ -135,3 +142,47 @@ def test_no_lost_wakeup_across_processes(channel):
 def test_wake_layout_separates_words():
     lay = WakeLayout(3)
     assert lay.offset(1) - lay.offset(0) >= 64 and lay.size >= 3 * 64
+
+
+def test_two_channels_post_then_collect_in_any_order():
+    """The gated pipeline posts one sub-batch's call and collects the other's: two channels
+    in one segment are independent, and a NEO op returns hidden with q/k/v."""
+    lay = AssistLayout(max_rows=4, hidden=8, attn_dim=8, kv_dim=4)
+    seg = Segment.create(f"/dualpace-test-{uuid.uuid4().hex[:12]}", 2 * lay.size + 4096)
+    try:
+        wake = FutexWord(seg.buf, 2 * lay.size)
+        chans = [AssistChannel(seg, lay, i * lay.size, wake) for i in range(2)]
+
+        def neo(ch, op, layer, rows):
+            h = ch.buf["hidden_in"][:rows]
+            ch.buf["hidden_out"][:rows].copy_(h + layer)
+            ch.buf["q_out"][:rows].copy_(ch.buf["attn_in"][:rows] * 3)
+            ch.buf["k_out"][:rows].fill_(float(op))
+            ch.buf["v_out"][:rows].copy_(ch.buf["pos_in"][:rows, None].float().expand(-1, 4))
+
+        stop = threading.Event()
+
+        def serve_both():
+            while not stop.is_set():
+                seq = wake.load()
+                if not any(c.serve(neo) for c in chans):
+                    wake.wait_while_equal(seq, timeout=0.05, spin=100)
+
+        t = threading.Thread(target=serve_both)
+        t.start()
+        try:
+            h, a = torch.ones(2, 8), torch.full((2, 8), 2.0)
+            pos = torch.tensor([5, 9])
+            b0 = chans[0].post(OP_NEO_MID, 1, h, a, None, positions=pos)
+            b1 = chans[1].post(OP_NEO_MID, 3, h * 10, a, None, positions=pos + 1)
+            h1, _, _, v1 = chans[1].collect(OP_NEO_MID, b1, lambda: True, timeout=5)
+            h0, q0, k0, v0 = chans[0].collect(OP_NEO_MID, b0, lambda: True, timeout=5)
+        finally:
+            stop.set()
+            t.join()
+        assert torch.equal(h0, h + 1) and torch.equal(h1, h * 10 + 3)
+        assert torch.equal(q0, a * 3) and torch.equal(k0, torch.full((2, 4), float(OP_NEO_MID)))
+        assert v0[:, 0].tolist() == [5.0, 9.0] and v1[:, 0].tolist() == [6.0, 10.0]
+        assert all(c.state.load() == ASSIST_IDLE for c in chans)
+    finally:
+        seg.unlink()

@@ -19,11 +19,13 @@ from dualpace.runtime import protocol as P
 from dualpace.runtime.client import WorkerDied
 from dualpace.runtime.supervisor import Runtime
 
+from ..shm_util import owned_segments
 from .harness import Driver
 
 
 def _shm() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("dualpace-")}
+    """This test process's instances' segments (an in-process Runtime is named by our pid)."""
+    return owned_segments(os.getpid())
 
 
 def _config(path, **kw) -> EngineConfig:
@@ -126,7 +128,7 @@ def test_supervisor_kill9_takes_workers_and_next_start_sweeps(llama_checkpoint):
     try:
         pids = [int(x) for x in proc.stdout.readline().split()]
         assert len(pids) == 2, "supervisor did not start its workers"
-        assert _shm() != before
+        assert owned_segments(proc.pid), "the supervisor created no segments"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         deadline = time.monotonic() + 2.0
@@ -138,8 +140,8 @@ def test_supervisor_kill9_takes_workers_and_next_start_sweeps(llama_checkpoint):
     finally:
         if proc.poll() is None:
             proc.kill()
-    leaked = _shm() - before
-    assert leaked, "the killed instance's segments should still exist before the sweep"
+    assert owned_segments(proc.pid), "the killed instance's segments should still exist " \
+        "before the sweep"
 
     async def restart():
         rt = Runtime(_config(path))
@@ -147,4 +149,5 @@ def test_supervisor_kill9_takes_workers_and_next_start_sweeps(llama_checkpoint):
         await rt.stop()
 
     asyncio.run(restart())
+    assert not owned_segments(proc.pid), "the next start did not sweep the dead instance"
     assert _shm() == before

@@ -15,6 +15,7 @@ from dualpace.runtime.routing import FULL_CPU, FUSED_ASSIST, NEO_PIPELINE, SPLIT
 from dualpace.runtime.supervisor import Runtime
 
 from ..conftest import VOCAB, hf_greedy
+from ..shm_util import owned_segments
 from .harness import Driver
 
 PROMPT_LENS = (5, 17, 33)
@@ -26,7 +27,8 @@ def _prompts(seed: int) -> list[list[int]]:
 
 
 def _shm() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("dualpace-")}
+    """This test process's instances' segments (an in-process Runtime is named by our pid)."""
+    return owned_segments(os.getpid())
 
 
 TP = [pytest.param((1, 1), id="tp1"), pytest.param((2, 2), id="gpu_tp2-cpu_tp2")]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import socket
 import threading
@@ -15,6 +14,7 @@ import urllib.request
 import aiohttp
 import pytest
 
+from ..shm_util import owned_segments
 from .conftest import ServerProcess
 
 C, CH = "/v1/completions", "/v1/chat/completions"
@@ -158,17 +158,13 @@ def test_queue_limit_and_api_key(tiny_model):
         s.stop()
 
 
-def _shm():
-    return {n for n in os.listdir("/dev/shm") if n.startswith("dualpace-")}
-
-
 def test_sigterm_drains_and_notifies(tiny_model, tmp_path):
-    before = _shm()
     sock_path = str(tmp_path / "notify.sock")
     rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     rx.bind(sock_path)
     rx.settimeout(0.2)
     s = ServerProcess(tiny_model, env={"NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "400000"})
+    assert owned_segments(s.proc.pid), "the server created no segments"
     try:
         results = []
 
@@ -187,9 +183,13 @@ def test_sigterm_drains_and_notifies(tiny_model, tmp_path):
                 break
             time.sleep(0.005)
         s.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.02)
+        deadline = time.monotonic() + 30  # until the server says it is draining
+        while (health := _request(s, "/health", "GET", None))[0] != 503:
+            assert time.monotonic() < deadline, "SIGTERM never put the server in draining"
+            time.sleep(0.01)
+        assert health[1]["status"] == "draining"
+        health = health[0]
         status, payload, _ = _request(s, C, "POST", {"prompt": "late"})
-        health = _request(s, "/health", "GET", None)[0]
         for t in threads:
             t.join(timeout=60)
         assert status == 503 and "shutting down" in payload["error"]["message"]
@@ -209,7 +209,7 @@ def test_sigterm_drains_and_notifies(tiny_model, tmp_path):
     joined = "\n".join(msgs)
     assert "READY=1" in joined and "WATCHDOG=1" in joined and "STOPPING=1" in joined
     assert "STATUS=" in joined
-    assert _shm() == before
+    assert not owned_segments(s.proc.pid), "the drained server left its segments"
 
 
 @pytest.mark.parametrize("route", ["/metrics", "/version", "/v1/models"])
