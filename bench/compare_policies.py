@@ -33,15 +33,18 @@ TRACE = REPO.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 
 
 def profile_flags(path: str | None) -> list[str]:
-    """``--profile`` for dualpace when the profile finds Dense Assist worthwhile (some batch
-    up to its C routes to Split-Final or Fused-Assist); else none (no assist, F = C)."""
+    """dualpace's routing thresholds from a profile when it finds Dense Assist worthwhile
+    (some batch up to its C routes to Split-Final or Fused-Assist); else none (no assist,
+    F = C). Only the thresholds: every policy keeps the same token and batch limits."""
     if not path:
         return []
     from dualpace.runtime.routing import assist_reachable
 
     prof = json.loads(Path(path).read_text())
     p, f = prof["assist_thresholds"]
-    return ["--profile", path] if assist_reachable(prof["cpu_batch_limit"], p, f) else []
+    if not assist_reachable(prof["cpu_batch_limit"], p, f):
+        return []
+    return ["--assist-thresholds", f"{p},{f}", "--cpu-batch-limit", str(prof["cpu_batch_limit"])]
 
 
 def start_server(model: str, policy: str, args) -> tuple[subprocess.Popen, str]:
@@ -129,8 +132,8 @@ def add_workload_args(ap: argparse.ArgumentParser, out: str) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / out))
     ap.add_argument("--profile", default=None,
-                    help="a `dualpace profile` JSON: dualpace serves with its thresholds and "
-                         "limits when its routing calls Dense Assist at some reachable batch")
+                    help="a `dualpace profile` JSON: dualpace serves with its thresholds when "
+                         "its routing calls Dense Assist at some reachable batch")
 
 
 def prepare(args) -> tuple[str, list]:
