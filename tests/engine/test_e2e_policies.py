@@ -23,6 +23,16 @@ def workload(llama_checkpoint):
     return path, prompts, [hf_greedy(hf, p, MAX_TOKENS) for p in prompts]
 
 
+def _generate_exact(llm: LLM, prompts, expected) -> dict[str, float]:
+    """Greedy outputs token-for-token equal to ``expected``; returns the metrics."""
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
+                                                ignore_eos=True))
+    for o, want in zip(outs, expected):
+        assert o.finish_reason == "length" and o.error is None
+        assert o.token_ids == want
+    return llm.metrics()
+
+
 CASES = [
     ("dualpace", "", "full-cpu"),  # no thresholds: F = C, Dense Assist off (§4.2)
     ("dualpace", "64,0", "split-final"),
@@ -38,12 +48,7 @@ def test_policy_outputs_match_transformers(workload, policy, thresholds, route):
     path, prompts, expected = workload
     with LLM(str(path), gpu_device="cpu", gpu_kv_blocks=16, cpu_kv_gib=0.05, max_num_seqs=16,
              max_num_batched_tokens=256, policy=policy, assist_thresholds=thresholds) as llm:
-        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
-                                                    ignore_eos=True))
-        m = llm.metrics()
-    for o, want in zip(outs, expected):
-        assert o.finish_reason == "length" and o.error is None
-        assert o.token_ids == want
+        m = _generate_exact(llm, prompts, expected)
     cpu_tokens = m.get('dualpace:generation_tokens_total{engine="cpu"}', 0)
     gpu_tokens = m.get('dualpace:generation_tokens_total{engine="gpu"}', 0)
     assert cpu_tokens + gpu_tokens == N_REQ * MAX_TOKENS
@@ -83,12 +88,7 @@ def test_long_prompts_and_a_cpu_tier_larger_than_max_num_seqs(llama_checkpoint):
     with LLM(str(path), gpu_device="cpu", gpu_kv_blocks=4, cpu_kv_gib=0.05, max_num_seqs=4,
              cpu_batch_limit=16, max_num_batched_tokens=32, assist_thresholds="0,0") as llm:
         llm._serving.engine.on_round = watch
-        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
-                                                    ignore_eos=True))
-        m = llm.metrics()
-    for o, want in zip(outs, expected):
-        assert o.finish_reason == "length" and o.error is None
-        assert o.token_ids == want
+        m = _generate_exact(llm, prompts, expected)
     assert {100, 90} <= set(to_cpu_lens), "a long prompt never went Prefill-to-CPU"
     assert max(cpu_batches) > 4, f"CPU batches {sorted(set(cpu_batches))} never exceeded 4"
     assert m['dualpace:dense_assist_calls_total{route="fused-assist"}'] > 0
