@@ -41,11 +41,11 @@ def check_round(engine: LLMEngine, kind: str, plan) -> None:
 
 
 async def run_workload(policy, gpu_blocks, host_blocks, limits, jobs, aborts,
-                       timeout: float = 60.0):
+                       timeout: float = 60.0, on_round=check_round):
     workers = FakeWorkers(vocab=VOCAB)
     engine = LLMEngine(workers, gpu_blocks=gpu_blocks, host_blocks=host_blocks, block_size=4,
                        limits=limits, policy=policy, vocab_size=VOCAB, eos_ids=(),
-                       on_round=check_round)
+                       on_round=on_round)
     engine.start()
     outs = {}
 
@@ -120,7 +120,22 @@ def test_cpu_tier_used_when_gpu_is_small():
     assert all(r == "length" for _, _, r in outs.values())
 
 
-def test_phase_of_finished_requests():
+def test_every_request_ends_finished_with_its_blocks_returned():
+    """The engine's table empties as requests finish, so look at the requests themselves:
+    each seen in any round ends FINISHED, holding no block (before, the check ran over the
+    emptied table and could not fail)."""
+    seen = {}
+    original = check_round
+
+    def remember(engine, kind, plan):
+        seen.update(engine.requests)
+        original(engine, kind, plan)
+
     limits = Limits(max_num_seqs=4, gpu_token_limit=32, cpu_batch_limit=2, max_model_len=10_000)
-    _, _, engine = asyncio.run(run_workload("dualpace", 30, 60, limits, [(5, 3, 0.0)], {}))
-    assert all(r.phase is Phase.FINISHED for r in engine.requests.values())
+    jobs = [(5, 3, 0.0), (30, 12, 0.001), (9, 20, 0.002)]
+    asyncio.run(run_workload("dualpace", 30, 60, limits, jobs, {},
+                             on_round=remember))
+    assert len(seen) == len(jobs)
+    for r in seen.values():
+        assert r.phase is Phase.FINISHED and r.finish_reason == "length"
+        assert r.blocks == [] and r.pending_free == [] and r.in_flight is None

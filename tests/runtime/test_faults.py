@@ -58,7 +58,8 @@ def test_worker_killed_mid_batch_fails_step_and_group_restarts(llama_checkpoint,
             t0 = time.monotonic()
             with pytest.raises(WorkerDied, match=f"{victim} worker 0 .* SIGKILL"):
                 await fut
-            assert time.monotonic() - t0 < 1.0
+            # Noticed through the pidfd at once, not through a step timeout (minutes).
+            assert time.monotonic() - t0 < 10.0
             assert failures and isinstance(failures[0], WorkerDied)
             generation = rt.generation
             deadline = time.monotonic() + 60
@@ -131,12 +132,12 @@ def test_supervisor_kill9_takes_workers_and_next_start_sweeps(llama_checkpoint):
         assert owned_segments(proc.pid), "the supervisor created no segments"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + 20.0  # PR_SET_PDEATHSIG: at once, unless overloaded
         alive = pids
         while alive and time.monotonic() < deadline:
             alive = [p for p in pids if _running(p)]
             time.sleep(0.02)
-        assert not alive, f"workers {alive} outlived the supervisor by 2 s"
+        assert not alive, f"workers {alive} outlived the supervisor by 20 s"
     finally:
         if proc.poll() is None:
             proc.kill()
