@@ -21,6 +21,12 @@ def test_kv_append_matches_torch_write(dtype):
     cpu.kv_append(kc, vc, k, v, slots)
     write_kv(kr, vr, k, v, slots)
     assert torch.equal(kc, kr) and torch.equal(vc, vr)
+    # An oracle independent of the package: token t lands in block slot // 16, row slot % 16.
+    ko, vo = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+    for t, slot in enumerate(slots.tolist()):
+        ko[slot // 16, :, slot % 16, :] = k[t]
+        vo[slot // 16, :, slot % 16, :] = v[t]
+    assert torch.equal(kc, ko) and torch.equal(vc, vo)
 
 
 def test_kv_append_rejects_bad_slots_and_shapes():
