@@ -8,6 +8,7 @@ import os
 import random
 
 import pytest
+import torch
 
 from dualpace.config import EngineConfig
 from dualpace.model.config import load_model_config
@@ -157,3 +158,60 @@ def test_neo_pipeline_overlaps_the_gpu_step(llama_checkpoint, tp, split):
     assert stats["gpu"].assist_at_boundary > 0, "no assist was served inside a GPU step"
     long_prompt = _prompts(31)[2] * 4
     assert gpu_out == hf_greedy(hf, long_prompt, len(gpu_out))
+
+
+def _host_kv(rt, blocks: list[int], n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the first ``n`` tokens' K and V [kv_heads, n, head_dim] as the host pool
+    holds them in ``blocks`` (rank-sharded: CPU rank c's region has its heads)."""
+    lay = rt.sizing.host_kv
+    regions = [lay.views(rt._segments["host_kv"], c * lay.size) for c in range(rt.config.cpu_tp)]
+    out = []
+    for i in range(lay.num_layers):
+        per = []
+        for kv in (0, 1):
+            x = torch.cat([r[kv][i][blocks] for r in regions], 1)  # [nb, heads, bs, d]
+            heads, d = x.shape[1], x.shape[3]
+            per.append(x.permute(1, 0, 2, 3).reshape(heads, -1, d)[:, :n].clone())
+        out.append(tuple(per))
+    return out
+
+
+def _hf_kv(hf, tokens: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    with torch.no_grad():
+        cache = hf(torch.tensor([tokens]), use_cache=True).past_key_values
+    return [(layer.keys[0], layer.values[0]) for layer in cache.layers]
+
+
+@pytest.mark.parametrize("tp", [pytest.param((1, 1), id="tp1"),
+                                pytest.param((2, 2), id="gpu_tp2-cpu_tp2")])
+def test_host_kv_after_prefill_to_cpu_and_a_swap_round_trip_equals_transformers(
+        llama_checkpoint, tp):
+    """The KV itself, not only the tokens it leads to: after Prefill-to-CPU (layer-wise
+    staging copies) and after a CPU decode, swap-in, GPU decode and swap-out, the host pool
+    holds exactly transformers' post-RoPE keys and values for every token so far."""
+    path, hf = llama_checkpoint
+    prompts = _prompts(41)
+
+    async def body(rt, d):
+        reqs = [d.new(p) for p in prompts]
+        await d.prefill_to_cpu(reqs)
+        after_p2c = [_host_kv(rt, r.blocks, len(r.prompt)) for r in reqs]
+        await d.cpu_step(reqs)
+        await d.swap_in(reqs[:1])
+        await d.gpu_step(reqs[:1])
+        await d.swap_out(reqs[:1])
+        r = reqs[0]
+        after_trip = _host_kv(rt, r.blocks, len(r.tokens) - 1)
+        tokens = [list(q.tokens) for q in reqs]
+        d.release(reqs)
+        return after_p2c, after_trip, tokens
+
+    after_p2c, after_trip, tokens = run_with_runtime(path, "", body, tp)
+    for p, got in zip(prompts, after_p2c):
+        for (k, v), (hk, hv) in zip(got, _hf_kv(hf, p)):
+            torch.testing.assert_close(k, hk, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(v, hv, atol=1e-4, rtol=1e-4)
+    assert len(tokens[0]) == len(prompts[0]) + 3  # P2C, CPU and GPU each sampled one
+    for (k, v), (hk, hv) in zip(after_trip, _hf_kv(hf, tokens[0][:-1])):
+        torch.testing.assert_close(k, hk, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(v, hv, atol=1e-4, rtol=1e-4)
