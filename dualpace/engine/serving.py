@@ -67,6 +67,12 @@ class ServingEngine:
         if self.engine is not None:
             self.engine.abort(rid)
 
+    def abort_all(self) -> None:
+        """Every live request finishes with "abort" (SIGTERM's drain timeout)."""
+        if self.engine is not None:
+            for rid in list(self.engine.requests):
+                self.engine.abort(rid)
+
     def metrics(self) -> dict[str, float]:
         return self.engine.metrics.samples() if self.engine else {}
 

@@ -85,7 +85,13 @@ async def serve(config: EngineConfig, host: str, port: int, model_name: str,
         while server.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if server.in_flight:
+            # Abort them in the engine: their handlers then finish (a final "abort" chunk
+            # for streams); the runner's cleanup would otherwise wait for them to complete.
             log.warning("drain timeout: aborting %d request(s)", server.in_flight)
+            serving.abort_all()
+            deadline = time.monotonic() + 5
+            while server.in_flight and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
     for t in [*tasks, dead, stopped]:
         t.cancel()
     await runner.cleanup()
