@@ -4,6 +4,7 @@ greedy output for its prompt alone; the metrics show where the tokens came from.
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -94,3 +95,70 @@ def test_long_prompts_and_a_cpu_tier_larger_than_max_num_seqs(llama_checkpoint):
     assert m['dualpace:dense_assist_calls_total{route="fused-assist"}'] > 0
     assert m['dualpace:kv_blocks_used{tier="cpu"}'] == 0
     assert m['dualpace:kv_blocks_used{tier="gpu"}'] == 0
+
+
+ABORT_CASES = {
+    # name: (LLM options, does this round's plan hold the moment? -> a victim or None)
+    "mid-swap-in": (dict(gpu_kv_blocks=16, max_num_batched_tokens=256),
+                    lambda kind, plan: kind == "gpu" and plan.swap_in
+                    and plan.swap_in[0].req),
+    "mid-chunked-prefill": (dict(gpu_kv_blocks=64, max_num_batched_tokens=32),
+                            lambda kind, plan: kind == "gpu" and next(
+                                (r for r, n in plan.prefills if r.computed + n < r.num_tokens),
+                                None)),
+    "during-dense-assist": (dict(gpu_kv_blocks=16, max_num_batched_tokens=256,
+                                 assist_thresholds="0,0"),
+                            lambda kind, plan: kind == "cpu" and plan.batch
+                            and plan.batch[-1]),
+}
+
+
+@pytest.mark.parametrize("case", list(ABORT_CASES))
+def test_abort_mid_step_with_real_workers(workload, case):
+    """A client abort that lands while a step involving the request runs (the round's hook
+    schedules it for the next await, after dispatch): the request ends "abort" with a prefix
+    of its greedy output, the others stay token-exact, no KV block leaks on either tier."""
+    path, prompts, expected = workload
+    prompts = [*prompts[:20], prompts[0] * 6]  # one long prompt to chunk
+    options, moment = ABORT_CASES[case]
+    victims: list[int] = []
+
+    def hook(engine, kind, plan):
+        r = moment(kind, plan) if not victims else None
+        if r:
+            victims.append(r.rid)
+            asyncio.get_running_loop().call_soon(engine.abort, r.rid)
+
+    with LLM(str(path), gpu_device="cpu", cpu_kv_gib=0.05, max_num_seqs=16, **options) as llm:
+        llm._serving.engine.on_round = hook
+        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
+                                                    ignore_eos=True))
+        m = llm.metrics()
+    assert victims, f"the run never reached the moment {case!r}"
+    aborted = [o for o in outs if o.finish_reason == "abort"]
+    assert len(aborted) == 1 and aborted[0].error is None
+    for i, o in enumerate(outs):
+        want = expected[i] if i < 20 else None
+        if o.finish_reason == "abort":
+            if want is not None:
+                assert o.token_ids == want[:len(o.token_ids)]
+            continue
+        assert o.finish_reason == "length"
+        if want is not None:
+            assert o.token_ids == want
+    assert m['dualpace:kv_blocks_used{tier="gpu"}'] == 0
+    assert m['dualpace:kv_blocks_used{tier="cpu"}'] == 0
+
+
+@pytest.mark.parametrize("policy,thresholds", [("dualpace", "0,0"), ("gated", "")])
+def test_tensor_parallel_llm_is_token_exact(workload, policy, thresholds):
+    """GPU TP 2 and CPU TP 2 through ``LLM``: both tiers, Dense Assist (dualpace) or the NEO
+    pipeline (gated) across ranks, every output equal to transformers'."""
+    path, prompts, expected = workload
+    with LLM(str(path), gpu_device="cpu", gpu_kv_blocks=16, cpu_kv_gib=0.05, max_num_seqs=16,
+             max_num_batched_tokens=256, gpu_tp=2, cpu_tp=2, policy=policy,
+             assist_thresholds=thresholds) as llm:
+        m = _generate_exact(llm, prompts[:16], expected[:16])
+    assert m['dualpace:generation_tokens_total{engine="cpu"}'] > 0
+    assert sum(v for k, v in m.items() if k.startswith("dualpace:dense_assist_calls_total")) > 0
+    assert m['dualpace:kv_blocks_used{tier="cpu"}'] == 0
