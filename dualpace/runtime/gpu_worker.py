@@ -99,8 +99,8 @@ class GpuWorker:
                 if ch.ready() and ch.claim():
                     if self.decisions is not None and needs_group(ch.op.load()):
                         self.decisions.publish(BOUNDARY, idx + 1)
-                    self._serve_claimed(ch)
                     self.boundary_served += 1
+                    self._serve_claimed(ch)
             if self.decisions is not None:
                 self.decisions.publish(BOUNDARY, 0)
             return
@@ -142,9 +142,11 @@ class GpuWorker:
             ok = True
         finally:
             t1 = time.perf_counter()
+            # Counted before GPU-Done is published: a caller that saw its result and then
+            # reads the counters finds its call in them.
+            self.assist_served += 1
             ch.finish(ok)
             t2 = time.perf_counter()
-            self.assist_served += 1
             # GPU-main time displaced by assists: the disturbance d (Eq. 8).
             self.assist_busy_us += int((t2 - t0) * 1e6)
             if ok:
