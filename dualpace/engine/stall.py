@@ -57,7 +57,10 @@ class CpuStallClock:
         return gap
 
     def window_max(self, now: float, close: bool) -> float:
-        value = max(self._window_max, self.open_gap(now))
+        # A stall is open only while the tier is ready now; ready time that ended without an
+        # emission waits to be part of the next gap, it is not an ongoing stall.
+        open_now = self.open_gap(now) if self._ready_since is not None else 0.0
+        value = max(self._window_max, open_now)
         if close:
             self._window_max = 0.0
         return value

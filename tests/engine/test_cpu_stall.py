@@ -52,6 +52,20 @@ def test_window_max_includes_the_open_stall_and_resets_only_when_closed():
     assert c.window_max(9.0, close=True) == 0.0  # a new window, the tier idle
 
 
+def test_ready_time_that_ended_without_an_emission_is_not_an_open_stall():
+    c = CpuStallClock()
+    c.set_ready(0.0, True)
+    c.emitted(1.0)
+    c.set_ready(1.0, False)
+    assert c.window_max(1.5, close=True) == pytest.approx(1.0)  # the closed 1 s gap
+    c.set_ready(2.0, True)  # a request became ready ...
+    c.set_ready(2.5, False)  # ... and left the tier (swapped in) before running here
+    assert c.window_max(9.0, close=True) == 0.0  # nothing is stalled now
+    c.set_ready(10.0, True)
+    assert c.window_max(10.5, close=False) == pytest.approx(1.0)  # 0.5 earlier + 0.5 open
+    assert c.emitted(11.0) == pytest.approx(1.5)  # the next gap counts both ready stretches
+
+
 # --- the engine on a virtual clock ----------------------------------------------------------
 def _engine(clock: VirtualClock, step_time) -> LLMEngine:
     """A GPU pool too small for any prompt (each goes Prefill-to-CPU, one per GPU round by the
