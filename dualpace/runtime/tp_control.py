@@ -52,8 +52,11 @@ class DecisionLog:
         served that assist while idle, before it took the step this rank already began (no
         collective runs before a step's first boundary), so the follower joins it there."""
         want = self.seen + 1
-        while self.head.load() < want:
-            if not self.head.wait_while_equal(self.head.load(), timeout=timeout, spin=2000):
+        # Sleep while head still holds the value just compared: reloading it for the wait
+        # would lose a decision published in between (the wait would then be for the next
+        # one, which rank 0 cannot publish before this rank joins its collective).
+        while (head := self.head.load()) < want:
+            if not self.head.wait_while_equal(head, timeout=timeout, spin=2000):
                 raise TimeoutError("GPU rank 0 published no decision in time")
         seq, kind, join = self._slot(want)
         if seq != want or kind not in (BOUNDARY, IDLE):

@@ -54,14 +54,15 @@ def test_measured_latencies_equal_the_injected_ones(fake_server, tmp_path, capsy
     res = json.loads(out.read_text())
     assert res["completed"] == 8 and res["failed"] == 0
     assert res["total_output_tokens"] == 8 * TOKENS
-    # Never less than what the server waited (a measurement from the wrong instant would be);
-    # on a loaded 2-core machine more, so the upper bounds are ratios with room.
+    # TTFT and end-to-end latency are never less than what the server waited (a measurement
+    # from the wrong instant would be); on a loaded 2-core machine more, so the upper bounds
+    # are ratios with room. Gaps between tokens are stamped when the client reads them: a
+    # client delayed once reads two chunks together, so their mean only roughly holds.
     e2e = TTFT + (TOKENS - 1) * ITL
-    for key, injected in (("mean_ttft_ms", TTFT * 1e3), ("mean_itl_ms", ITL * 1e3),
-                          ("mean_tpot_ms", ITL * 1e3),
-                          ("mean_normalized_latency_s", e2e / TOKENS)):
-        assert injected * 0.97 <= res[key] < injected * 3, (key, res[key], injected)
-    assert min(min(x) for x in res["itls"]) >= ITL * 0.97
+    for key, injected, low in (("mean_ttft_ms", TTFT * 1e3, 0.97), ("mean_itl_ms", ITL * 1e3, 0.5),
+                               ("mean_tpot_ms", ITL * 1e3, 0.5),
+                               ("mean_normalized_latency_s", e2e / TOKENS, 0.97)):
+        assert injected * low <= res[key] < injected * 3, (key, res[key], injected)
     assert len(res["itls"]) == 8 and all(len(x) == TOKENS - 1 for x in res["itls"])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(last)["completed"] == 8
