@@ -17,7 +17,6 @@ from dualpace.engine.state import SchedulerState
 @dataclass
 class CpuPlan:
     batch: list[EngineRequest] = field(default_factory=list)
-    wait_for: EngineRequest | None = None  # nothing runnable: the unready queue head
     moved: bool = False  # running requests were yielded / pushed back this round
     recomputed: list[EngineRequest] = field(default_factory=list)  # liveness preemption
 
@@ -83,10 +82,9 @@ def step4_wait_on_readiness(st: SchedulerState, b: _Budget, plan: CpuPlan) -> No
     if b.selected or not st.cpu_waiting:
         return
     head = st.cpu_waiting[0]
-    if not head.ready:
-        plan.wait_for = head
-    elif not head.swap_in_mark and not head.finished:
+    if head.ready and not head.swap_in_mark and not head.finished:
         _progress_guarantee(st, b, plan, head)
+    # An unready head: the round waits on its readiness (the transfer's step wakes the loop).
 
 
 def _progress_guarantee(st: SchedulerState, b: _Budget, plan: CpuPlan,

@@ -93,7 +93,6 @@ class LLMEngine:
         self.dead: str | None = None
         self.stall = CpuStallClock()
         self.metrics.collectors.append(self._collect_stall)
-        self.draining = False
         self.metrics.set("dualpace:kv_blocks_total", gpu_blocks, tier="gpu")
         self.metrics.set("dualpace:kv_blocks_total", 0 if policy == "gpu-only" else host_blocks,
                          tier="cpu")

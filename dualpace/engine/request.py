@@ -52,7 +52,6 @@ class EngineRequest:
     finish_reason: str | None = None
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)
-    token_engines: list[str] = field(default_factory=list)
     preemptions: int = 0
 
     # --- sizes ----------------------------------------------------------------------------

@@ -33,10 +33,6 @@ class ForwardBatch:
     seq_lens_list: list[int]
 
     @property
-    def num_seqs(self) -> int:
-        return len(self.query_lens_list)
-
-    @property
     def num_rows(self) -> int:
         return int(self.input_ids.shape[0])
 

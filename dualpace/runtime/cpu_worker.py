@@ -70,18 +70,17 @@ class CpuWorker:
 
     @torch.inference_mode()
     def run(self, msg: CpuBatch) -> StepDone:
-        t0 = time.perf_counter()
         if not msg.seqs:  # an empty step: answered at once (ring round-trip probes)
             return StepDone(step_id=msg.step_id)
         m = self.model
         if any(len(s.token_ids) != 1 for s in msg.seqs):
             raise ValueError("a CPU batch holds decode rows only (one token per request)")
         self.requests.apply_blocks(msg.seqs)
-        fb = self.requests.forward_batch(msg.seqs, self.kv.block_size, m.device)
         rows = self.requests.sampling_rows(msg.seqs)
         route = msg.route or self.route(len(msg.seqs))
-        if route == NEO_PIPELINE:
-            return self._run_pipelined(msg, fb, rows, t0)
+        if route == NEO_PIPELINE:  # its sub-batches build their own forward batches
+            return self._run_pipelined(msg, rows)
+        fb = self.requests.forward_batch(msg.seqs, self.kv.block_size, m.device)
         if route not in ROUTES:
             raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
         if route != FULL_CPU and self.assist is None:
@@ -114,10 +113,9 @@ class CpuWorker:
         self.assist_calls += calls
         self.routes[route] += 1
         return StepDone(step_id=msg.step_id, tokens=tokens, route=route, assist_calls=calls,
-                        elapsed_us=int((time.perf_counter() - t0) * 1e6),
                         attn_us=int(attn_s * 1e6))
 
-    def _run_pipelined(self, msg: CpuBatch, fb, rows, t0: float) -> StepDone:
+    def _run_pipelined(self, msg: CpuBatch, rows) -> StepDone:
         """The gated baseline's CPU step as NEO runs it (paper §3.1, Figure 4): the GPU runs
         every dense stage (embedding, QKV, post-attention, post-layer) of both CPU
         sub-batches between its own stage tasks, the CPU appends their K/V to the host pool
@@ -163,8 +161,7 @@ class CpuWorker:
         self.assist_calls += calls
         self.routes[NEO_PIPELINE] += 1
         return StepDone(step_id=msg.step_id, tokens=tokens, route=NEO_PIPELINE,
-                        assist_calls=calls, elapsed_us=int((time.perf_counter() - t0) * 1e6),
-                        attn_us=int(attn_s * 1e6))
+                        assist_calls=calls, attn_us=int(attn_s * 1e6))
 
     def _assist(self, op, layer, hidden, attn, rows):
         out = self.assist.call(op, layer, hidden.float(), None if attn is None else attn.float(),

@@ -251,7 +251,6 @@ class GpuWorker:
     # --- a GPU-main step ------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, msg: GpuBatch) -> StepDone:
-        t0 = time.perf_counter()
         ready: list[int] = []
         for m in msg.swap_out:
             self._migrate(m, to_host=True)
@@ -276,7 +275,6 @@ class GpuWorker:
             step_id=msg.step_id,
             tokens=[tokens.get(id(s), -1) for s in msg.seqs],
             ready=ready,
-            elapsed_us=int((time.perf_counter() - t0) * 1e6),
         )
 
     def _staging_tables(self, seqs: list[SeqStep]) -> list[list[int]]:

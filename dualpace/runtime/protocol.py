@@ -114,7 +114,6 @@ class StepDone(_Msg, tag=10):
     ready: list[int] = []
     route: str = ""
     assist_calls: int = 0
-    elapsed_us: int = 0
     attn_us: int = 0  # CPU worker: time in the paged-attention stages (Eq. 1's T_ca)
 
 
