@@ -56,8 +56,8 @@ async def run(args) -> dict:
         await rt.start()
         allowed = os.sched_getaffinity(0)
         try:
-            os.sched_setaffinity(0, rt.sizing.cpu_cores)
-            torch.set_num_threads(len(rt.sizing.cpu_cores))  # as the CPU worker does
+            os.sched_setaffinity(0, list(rt.config.cpu_cores))
+            torch.set_num_threads(len(list(rt.config.cpu_cores)))  # as the CPU worker does
             ch = rt.assist_channel()
             assist_roundtrips(ch, args.hidden, 0, 200)  # warm-up
             result = {"assist_roundtrip_us": pct(assist_roundtrips(ch, args.hidden, 0, args.n))}
@@ -77,7 +77,8 @@ async def run(args) -> dict:
                 await rt.ping("gpu", 0, nonce=i)
                 zmq_rt.append((time.perf_counter() - t0) * 1e6)
             result["zmq_roundtrip_us"] = pct(zmq_rt[20:])
-            result.update({"gpu_cores": rt.sizing.gpu_cores, "cpu_cores": rt.sizing.cpu_cores})
+            result.update({"gpu_cores": list(rt.config.gpu_cores),
+                           "cpu_cores": list(rt.config.cpu_cores)})
         finally:
             await rt.stop()
     return result

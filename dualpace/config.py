@@ -2,6 +2,10 @@
 
 Field names are the CLI flag names with underscores (``--gpu-kv-blocks`` -> gpu_kv_blocks), so
 ``LLM(model_dir, **options)`` and ``dualpace serve --flags`` share one vocabulary.
+
+This is what the operator asked for, validated; nothing here probes the machine. Probing
+and sizing happen once, in ``dualpace/resolved.py``, before any process starts. No torch,
+no kernels, no runtime: a config can be built and checked anywhere.
 """
 
 from __future__ import annotations
@@ -9,10 +13,25 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-import torch
+_DTYPES = ("bfloat16", "float16", "float32")
+DEFAULT_CPU_BATCH_LIMIT = 256  # C without a flag or profile: the paper's (Fig. 7b, §6.4)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DEFAULT_CPU_BATCH_LIMIT = 256  # C without a profile: the paper's setting (§6.4)
+
+def parse_thresholds(text: str) -> tuple[int, int]:
+    """``"P,F"`` -> (P, F). Legal: (0, 0) or 0 <= F < P (Eq. 5)."""
+    try:
+        p_str, f_str = text.split(",")
+        p, f = int(p_str), int(f_str)
+    except ValueError:
+        raise ValueError(
+            f"assist_thresholds: expected 'P,F' (two integers), got {text!r}") from None
+    check_thresholds(p, f)
+    return p, f
+
+
+def check_thresholds(p: int, f: int) -> None:
+    if not ((p, f) == (0, 0) or 0 <= f < p):
+        raise ValueError(f"assist_thresholds: need (P, F) = (0, 0) or 0 <= F < P, got ({p}, {f})")
 
 
 FLAG_HELP = {
@@ -91,8 +110,6 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens: must be >= block_size, got "
                              f"{self.max_num_batched_tokens}")
         if self.assist_thresholds:
-            from dualpace.runtime.routing import parse_thresholds
-
             parse_thresholds(self.assist_thresholds)
         if self.gpu_tp < 1 or self.cpu_tp < 1:
             raise ValueError(f"gpu_tp/cpu_tp: must be >= 1, got {self.gpu_tp}/{self.cpu_tp}")
@@ -106,45 +123,3 @@ class EngineConfig:
         if unknown:
             raise TypeError(f"unknown option(s) {unknown}; known: {sorted(known)}")
         return cls(model=model, **options)
-
-    def torch_device(self) -> torch.device:
-        if self.gpu_device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.gpu_device)
-
-    def cpu_batch_limit_or_default(self) -> int:
-        """C: the flag, else (once a profile was applied) the profile's, else the paper's
-        256 (Fig. 7b, §6.4). It bounds the CPU batch, not the CPU-owned population: that is
-        bounded by host KV (Eq. 2)."""
-        return self.cpu_batch_limit or DEFAULT_CPU_BATCH_LIMIT
-
-    def thresholds(self) -> tuple[int, int]:
-        """(P, F) of the post-attention routing (Eq. 5); with none configured, F = C: every
-        batch the tier can form is Full-CPU and the GPU runs whole forwards (§4.2)."""
-        from dualpace.runtime.routing import no_assist, parse_thresholds
-
-        if self.assist_thresholds:
-            return parse_thresholds(self.assist_thresholds)
-        return no_assist(self.cpu_batch_limit_or_default())
-
-    def staging_blocks(self) -> int:
-        """GPU staging blocks for Prefill-to-CPU: one layer of a full batched-token budget,
-        or of the longest prompt (one past the batched-token limit goes alone in its round),
-        plus one block per row for the rounding of each prompt's last block."""
-        tokens = max(self.max_num_batched_tokens, self.max_model_len)
-        return -(-tokens // self.block_size) + self.max_num_seqs
-
-    def cpu_torch_dtype(self) -> torch.dtype:
-        """BF16 where the CPU has AMX (oneDNN BF16 through torch is fast there), else FP32:
-        on AVX2/AVX-512 machines torch's BF16 linear is several times slower (DESIGN.md)."""
-        if self.cpu_dtype != "auto":
-            return _DTYPES[self.cpu_dtype]
-        from dualpace.kernels import cpu
-
-        return torch.bfloat16 if cpu.available() and cpu.cpu_features()["amx_bf16"] else (
-            torch.float32)
-
-    def torch_dtype(self, device: torch.device) -> torch.dtype:
-        if self.dtype == "auto":
-            return torch.bfloat16 if device.type == "cuda" else torch.float32
-        return _DTYPES[self.dtype]

@@ -1,15 +1,15 @@
 """One GPU engine scheduling round: Appendix A.1 steps 1-7, each a function; the round is
 their sequence. Torch-free: it decides and commits blocks/ownership, it does not execute.
 
-Policies share the steps: ``dualpace`` uses them all; ``gpu-only`` (vLLM-style) has no host
-tier and recompute-preempts the newest request; ``gated`` (NEO-style) admits prompts only to
-the GPU tier's decision rules and lets the GPU loop add CPU-resident decodes
-(LLMEngine._gated_loop).
+Policies share the steps (engine/policy.py): without a host tier (``gpu-only``) a decode
+shortage recompute-preempts the newest request and nothing migrates; deferred swap-in marks
+exist only where the CPU engine has its own rounds to yield them (``dualpace``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from dualpace.engine.request import EngineRequest, Owner, Phase
 from dualpace.engine.state import SchedulerState
@@ -22,6 +22,16 @@ class Move:
     src: list[int]
     dst: list[int]
     num_tokens: int
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One row of a GPU step, in the order the descriptor's seqs and the result's tokens
+    follow: a decode, a prefill chunk of ``tokens`` tokens, or a whole Prefill-to-CPU."""
+
+    kind: Literal["decode", "prefill", "to_cpu"]
+    req: EngineRequest
+    tokens: int
 
 
 @dataclass
@@ -42,6 +52,12 @@ class GpuPlan:
     @property
     def rows(self) -> int:
         return len(self.decodes) + len(self.prefills) + len(self.to_cpu)
+
+    def step_rows(self) -> list[StepRow]:
+        """The committed plan's rows: decodes, then prefill chunks, then Prefill-to-CPU."""
+        return ([StepRow("decode", r, 1) for r in self.decodes]
+                + [StepRow("prefill", r, n) for r, n in self.prefills]
+                + [StepRow("to_cpu", r, r.num_tokens) for r in self.to_cpu])
 
 
 @dataclass
@@ -88,7 +104,7 @@ def step2_next_token_feasibility(st: SchedulerState, plan: GpuPlan, b: _Budget) 
     if need <= b.free:
         plan.decodes = decodes
         return True
-    if st.policy == "gpu-only":
+    if not st.policy.host_tier:
         return _recompute_preempt(st, plan, b, decodes)
     deficit = need - b.free
     population = _gpu_population(st, plan)
@@ -138,7 +154,7 @@ def _recompute_preempt(st, plan, b, decodes) -> bool:
 # --- step 3 ---------------------------------------------------------------------------------
 def step3_migration_reserve(st: SchedulerState, plan: GpuPlan) -> None:
     """Publish B_C^migration (Eq. 4) for the GPU ownership queue after current decisions."""
-    if st.policy == "gpu-only":
+    if not st.policy.host_tier:
         st.migration_reserve = 0
         return
     st.migration_reserve = st.migration_reserve_for(_gpu_population(st, plan))
@@ -200,7 +216,7 @@ def step4_admit_decodes_and_early_swap_in(st: SchedulerState, plan: GpuPlan, b: 
     b.rows -= len(plan.decodes)
     b.tokens -= len(plan.decodes)
     b.free -= sum(r.blocks_for_next() for r in plan.decodes)
-    if st.policy == "gpu-only":
+    if not st.policy.host_tier:
         return
     _hold_marks(st, plan, b)
     cpu_full = len(st.cpu_running) >= st.limits.cpu_batch_limit
@@ -244,7 +260,7 @@ def step5_admit_prefills(st: SchedulerState, plan: GpuPlan, b: _Budget) -> None:
         if (not to_cpu_mode and b.tokens >= 1 and need <= b.free
                 and len(st.gpu_running) + b_new(plan) < st.limits.max_num_seqs):
             reserve = st.migration_reserve_for([*population, r])
-            if st.policy == "gpu-only" or st.host_fits(planned=plan.host_planned,
+            if not st.policy.host_tier or st.host_fits(planned=plan.host_planned,
                                                         growth=growth, migration=reserve):
                 n = min(total, b.tokens)
                 plan.prefills.append((r, n))
@@ -254,7 +270,7 @@ def step5_admit_prefills(st: SchedulerState, plan: GpuPlan, b: _Budget) -> None:
                 b.rows -= 1
                 b.peak += r.peak_blocks
                 continue
-        if st.policy == "gpu-only":
+        if not st.policy.host_tier:
             break
         n_host = blocks_for_tokens(total, st.host_pool.block_size)
         if (total > b.tokens and not alone) or n_host > staging:
@@ -277,11 +293,11 @@ def b_new(plan: GpuPlan) -> int:
 # --- step 6 ---------------------------------------------------------------------------------
 def step6_residual_swap_in(st: SchedulerState, plan: GpuPlan, b: _Budget,
                            cpu_waiting_was_empty: bool) -> None:
-    if st.policy == "gpu-only" or plan.swap_out:
+    if not st.policy.host_tier or plan.swap_out:
         return
     _swap_in_prefix(st, plan, b)
-    if not cpu_waiting_was_empty or st.policy != "dualpace":
-        return  # marks are yielded by the CPU engine's own rounds: dualpace only
+    if not cpu_waiting_was_empty or not st.policy.deferred_swap_in:
+        return  # marks are yielded by the CPU engine's own rounds
     for r in st.cpu_running:  # deferred swap-in marks: reserve now, move at a CPU boundary
         if r.swap_in_mark or r.finished:
             continue
@@ -308,7 +324,7 @@ def step7_commit(st: SchedulerState, plan: GpuPlan) -> None:
         # forward writes any KV, so they can serve other requests in the same step.
         st.gpu_pool.free(r.blocks)
         r.blocks = list(m.dst)  # the descriptor keeps m.dst as sent
-        r.owner, r.ready, r.known["cpu"] = Owner.CPU, False, -1
+        r.owner, r.ready = Owner.CPU, False
         st.cpu_waiting.append(r)
     for r in plan.preempted:
         st.gpu_running.remove(r)
@@ -323,7 +339,6 @@ def step7_commit(st: SchedulerState, plan: GpuPlan) -> None:
         # source only when the step has returned.
         r.pending_free, r.blocks = r.blocks, list(m.dst)
         r.owner, r.swap_in_mark = Owner.GPU, False
-        r.known["gpu"] = len(r.blocks)  # the swap-in hands the worker the whole table
         st.gpu_running.append(r)
         plan.decodes.append(r)
     for r in plan.decodes:
@@ -339,7 +354,7 @@ def step7_commit(st: SchedulerState, plan: GpuPlan) -> None:
         st.gpu_waiting.remove(r)
         r.blocks = st.host_pool.allocate(blocks_for_tokens(r.num_tokens,
                                                            st.host_pool.block_size))
-        r.owner, r.ready, r.phase, r.known["cpu"] = Owner.CPU, False, Phase.DECODE, -1
+        r.owner, r.ready, r.phase = Owner.CPU, False, Phase.DECODE
         st.cpu_waiting.append(r)
 
 

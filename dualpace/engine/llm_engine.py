@@ -5,10 +5,13 @@ Each engine loop repeats: schedule one round -> commit its KV and ownership chan
 submit one batch -> await the result -> apply it. The two loops share no iteration barrier:
 they meet only in the scheduling state (ownership, readiness, the host-KV obligations).
 
-Policies: ``dualpace`` runs both loops; ``gpu-only`` (vLLM-style) runs the GPU loop with no
-host tier; ``gated`` (NEO-style) has no CPU clock: CPU-resident decodes advance only inside
-GPU iterations whose overlap condition (Eq. 1) holds, attention on the CPU worker and dense
-stages on the GPU worker (the fused-assist route).
+Policies (engine/policy.py): with a CPU clock (``dualpace``) both loops run; without one the
+GPU loop runs alone, and with a host tier but no CPU clock (``gated``, NEO-style) it carries
+CPU-resident decodes in iterations whose overlap condition (Eq. 1) holds, attention on the
+CPU worker and every dense stage on the GPU worker (the policy's forced route).
+
+Workers are reached through ``runtime/translator.py`` only: the scheduler's plans become wire
+descriptors there.
 """
 
 from __future__ import annotations
@@ -19,18 +22,17 @@ import logging
 import random
 import time
 
-from dualpace.engine import batches
 from dualpace.engine.cost_model import GpuWork, NeoCostModel, neo_select
 from dualpace.engine.cpu_round import cpu_round
-from dualpace.engine.gpu_round import GpuPlan, gpu_round
+from dualpace.engine.gpu_round import GpuPlan, StepRow, gpu_round
 from dualpace.engine.metrics import Metrics
 from dualpace.engine.outputs import RequestStream, TokenEvent
+from dualpace.engine.policy import Policy
 from dualpace.engine.request import EngineRequest, Owner, Phase
 from dualpace.engine.stall import CpuStallClock
 from dualpace.engine.state import Limits, SchedulerState
 from dualpace.kv.block_pool import BlockPool, blocks_for_tokens
-from dualpace.runtime import protocol as P
-from dualpace.runtime.routing import NEO_PIPELINE
+from dualpace.runtime import translator
 from dualpace.sampling.params import SamplingParams
 from dualpace.tokenizer.detokenizer import IncrementalDetokenizer
 
@@ -63,7 +65,7 @@ def context_length_error(max_model_len: int, prompt_len: int, max_tokens: int) -
 
 class LLMEngine:
     def __init__(self, workers, *, gpu_blocks: int, host_blocks: int, block_size: int,
-                 limits: Limits, policy: str, vocab_size: int, eos_ids: tuple[int, ...],
+                 limits: Limits, policy: Policy | str, vocab_size: int, eos_ids: tuple[int, ...],
                  tokenizer=None, on_round=None, clock=time.monotonic):
         """``workers`` has ``.gpu`` and ``.cpu`` worker groups (``send``, ``step``) and an
         ``available`` event: the runtime, or fakes in scheduler tests.
@@ -83,6 +85,7 @@ class LLMEngine:
         self.streams: dict[int, RequestStream] = {}
         self.trace: list[tuple[float, str, int]] | None = None  # (time, engine, rid) per token
         self.neo = NeoCostModel()  # the gated baseline's Eq. 1 model
+        self.wire = translator.Translator()
         self._ids = itertools.count(1)
         self._steps = itertools.count(1)
         self._rng = random.Random()
@@ -94,14 +97,15 @@ class LLMEngine:
         self.stall = CpuStallClock()
         self.metrics.collectors.append(self._collect_stall)
         self.metrics.set("dualpace:kv_blocks_total", gpu_blocks, tier="gpu")
-        self.metrics.set("dualpace:kv_blocks_total", 0 if policy == "gpu-only" else host_blocks,
-                         tier="cpu")
+        self.metrics.set("dualpace:kv_blocks_total",
+                         host_blocks if self.state.policy.host_tier else 0, tier="cpu")
 
     # --- life cycle -------------------------------------------------------------------------
     def start(self) -> None:
-        loops = [self._gpu_loop() if self.state.policy != "gated" else self._gated_loop(),
+        policy = self.state.policy
+        loops = [self._gated_loop() if policy.gpu_carries_cpu else self._gpu_loop(),
                  self._completion_loop()]
-        if self.state.policy == "dualpace":
+        if policy.cpu_clock:
             loops.append(self._cpu_loop())
         self._tasks = [asyncio.create_task(self._guard(c)) for c in loops]
 
@@ -129,6 +133,7 @@ class LLMEngine:
         for r in list(self.requests.values()):
             r.in_flight = None
             self._finish(r, "abort", error=error, release=False)
+        self.wire.forget_all()
         st = self.state
         st.gpu_pool = BlockPool(st.gpu_pool.num_blocks, st.gpu_pool.block_size)
         st.host_pool = BlockPool(st.host_pool.num_blocks, st.host_pool.block_size)
@@ -156,7 +161,7 @@ class LLMEngine:
         max_tokens = room if params.max_tokens is None else params.max_tokens
         peak = blocks_for_tokens(len(prompt_ids) + max_tokens, self.block_size)
         cap = self.state.gpu_pool.num_blocks
-        if self.state.policy != "gpu-only":
+        if self.state.policy.host_tier:
             cap = max(cap, self.state.host_pool.num_blocks)
         if peak > cap:
             raise ValueError(f"request needs up to {peak} KV blocks; the largest KV pool has "
@@ -200,15 +205,17 @@ class LLMEngine:
         """One GPU step; with ``cpu_batch`` (gated) the CPU sub-batches run as NEO's
         pipeline beside it (``split``: how many of them are sub-batch 0)."""
         step_id = next(self._steps)
-        batch, rows = batches.gpu_batch(step_id, plan)
-        involved = [m.req for m in plan.swap_out + plan.swap_in] + [row[1] for row in rows]
+        batch = self.wire.gpu_batch(step_id, plan)
+        rows = plan.step_rows()
+        involved = [m.req for m in plan.swap_out + plan.swap_in] + [row.req for row in rows]
         self._introduce("gpu", involved)
         for r in involved:
             r.in_flight = "gpu"
         coros = [self.workers.gpu.step(batch)]
         cpu_reqs = cpu_batch or []
         if cpu_reqs:
-            coros.append(self._cpu_step(cpu_reqs, route=NEO_PIPELINE, split=split))
+            coros.append(self._cpu_step(cpu_reqs, route=self.state.policy.forced_route,
+                                        split=split))
         t0 = self.clock()
         results = await asyncio.gather(*coros, return_exceptions=True)
         done = results[0]
@@ -222,7 +229,7 @@ class LLMEngine:
             self._apply_cpu(cpu_reqs, results[1])
         self._wake()
 
-    def _apply_gpu(self, plan: GpuPlan, rows, done: P.StepDone) -> None:
+    def _apply_gpu(self, plan: GpuPlan, rows: list[StepRow], done) -> None:
         now = self.clock()
         for m in plan.swap_out:
             m.req.in_flight = None
@@ -234,16 +241,16 @@ class LLMEngine:
             m.req.pending_free = []
             self.metrics.inc("dualpace:kv_migrations_total", kind="swap-in")
         for row, token in zip(rows, done.tokens):
-            kind, r = row[0], row[1]
+            r = row.req
             r.in_flight = None
-            if kind == "prefill":
-                self.metrics.inc("dualpace:prompt_tokens_total", row[2])
-                r.computed += row[2]
+            if row.kind == "prefill":
+                self.metrics.inc("dualpace:prompt_tokens_total", row.tokens)
+                r.computed += row.tokens
                 if r.computed < r.num_tokens:
                     self._settle_abort(r)
                     continue
                 r.phase = Phase.DECODE
-            elif kind == "to_cpu":
+            elif row.kind == "to_cpu":
                 self.metrics.inc("dualpace:prompt_tokens_total", r.num_tokens)
                 self.metrics.inc("dualpace:kv_migrations_total", kind="prefill-to-cpu")
                 r.computed = r.num_tokens
@@ -274,11 +281,11 @@ class LLMEngine:
             self._wake()
 
     async def _cpu_step(self, reqs: list[EngineRequest], route: str = "",
-                        split: int = 0) -> P.StepDone:
+                        split: int = 0):
         self._introduce("cpu", reqs)
         for r in reqs:
             r.in_flight = "cpu"
-        batch = batches.cpu_batch(next(self._steps), reqs, route, split)
+        batch = self.wire.cpu_batch(next(self._steps), reqs, route, split)
         done = await self.workers.cpu.step(batch)
         # Eq. 1 compares GPU linear time with CPU *attention* time: the worker reports it.
         self.neo.observe_cpu(sum(r.num_tokens for r in reqs), done.attn_us * 1e-6)
@@ -350,10 +357,8 @@ class LLMEngine:
     # --- shared helpers ----------------------------------------------------------------------
     def _introduce(self, kind: str, reqs: list[EngineRequest]) -> None:
         group = self.workers.gpu if kind == "gpu" else self.workers.cpu
-        for r in reqs:
-            if kind not in r.introduced:
-                group.send(P.NewRequest(req_id=r.rid, sampling=r.sampling_spec()))
-                r.introduced.add(kind)
+        for msg in self.wire.introductions(kind, reqs):
+            group.send(msg)
 
     def _append_token(self, r: EngineRequest, token: int, engine: str, now: float) -> bool:
         """Appends ``token`` to ``r`` unless an abort is pending; True if it was appended."""
@@ -418,10 +423,10 @@ class LLMEngine:
             pool.free(r.blocks)
             st.host_pool.free(r.pending_free)
         r.blocks, r.pending_free = [], []
-        if r.introduced and release:
-            for kind in r.introduced:
+        if release:
+            for kind, msg in self.wire.releases(r):
                 group = self.workers.gpu if kind == "gpu" else self.workers.cpu
-                group.send(P.Release(req_ids=[r.rid]))
+                group.send(msg)
         self.requests.pop(r.rid, None)
         self.metrics.inc("dualpace:request_success_total", finished_reason=reason)
         self.metrics.observe("dualpace:e2e_request_latency_seconds",

@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass, field
 
 from dualpace.kv.block_pool import blocks_for_tokens
-from dualpace.runtime.protocol import SamplingSpec
 from dualpace.sampling.params import SamplingParams
 
 
@@ -46,8 +45,6 @@ class EngineRequest:
     in_flight: str | None = None  # "gpu" / "cpu" while a submitted step involves it
     abort_requested: str | None = None  # finish reason to apply once no step involves it
     computed: int = 0  # tokens whose KV is materialised in ``blocks``
-    known: dict[str, int] = field(default_factory=lambda: {"gpu": 0, "cpu": 0})
-    introduced: set[str] = field(default_factory=set)  # workers that got NewRequest
     swap_in_mark: bool = False  # deferred swap-in (A.1 step 6)
     finish_reason: str | None = None
     first_token_time: float | None = None
@@ -83,13 +80,8 @@ class EngineRequest:
     def reset_for_recompute(self) -> None:
         """Recompute preemption (vLLM's): the KV is dropped (the caller frees ``blocks``) and
         the request re-enters the GPU waiting queue as a prompt of prompt + outputs so far.
-        Both engines' tables start over and a deferred swap-in mark is void."""
+        A deferred swap-in mark is void (the workers' tables start over at the prefill from
+        position 0: runtime/translator.py)."""
         self.blocks, self.computed, self.phase = [], 0, Phase.WAITING
         self.owner, self.ready, self.swap_in_mark = Owner.GPU, True, False
-        self.known = {"gpu": -1, "cpu": -1}
         self.preemptions += 1
-
-    def sampling_spec(self) -> SamplingSpec:
-        p = self.params
-        return SamplingSpec(temperature=float(p.temperature), top_p=float(p.top_p),
-                            top_k=int(p.top_k), seed=self.seed)

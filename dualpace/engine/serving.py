@@ -12,6 +12,7 @@ from dualpace.engine.llm_engine import EngineDead, LLMEngine
 from dualpace.engine.outputs import RequestStream
 from dualpace.engine.state import Limits
 from dualpace.model.config import load_model_config
+from dualpace.resolved import resolve
 from dualpace.runtime.supervisor import Runtime
 from dualpace.sampling.params import SamplingParams
 from dualpace.tokenizer.tokenizer import Tokenizer
@@ -25,10 +26,10 @@ class EngineUnavailable(RuntimeError):
 
 class ServingEngine:
     def __init__(self, config: EngineConfig):
+        self.config = resolve(config)  # once: the runtime and the workers get this object
         self.model_config = load_model_config(config.model)
         self.tokenizer = Tokenizer(config.model)
-        self.runtime = Runtime(config)
-        self.config = self.runtime.config  # resolved sizes
+        self.runtime = Runtime(self.config)
         self.engine: LLMEngine | None = None
         self._watch: asyncio.Task | None = None
 
@@ -42,11 +43,11 @@ class ServingEngine:
         eos = mc.eos_token_ids or ((self.tokenizer.eos_token_id,)
                                    if self.tokenizer.eos_token_id is not None else ())
         limits = Limits(max_num_seqs=cfg.max_num_seqs, gpu_token_limit=cfg.max_num_batched_tokens,
-                        cpu_batch_limit=cfg.cpu_batch_limit_or_default(),
-                        max_model_len=cfg.max_model_len, staging_blocks=cfg.staging_blocks())
-        self.engine = LLMEngine(rt, gpu_blocks=cfg.gpu_kv_blocks,
-                                host_blocks=rt.sizing.host_kv.num_blocks,
-                                block_size=cfg.block_size, limits=limits, policy=cfg.policy,
+                        cpu_batch_limit=cfg.cpu_batch_limit,
+                        max_model_len=cfg.max_model_len, staging_blocks=cfg.staging_blocks)
+        self.engine = LLMEngine(rt, gpu_blocks=cfg.gpu_kv_blocks, host_blocks=cfg.host_kv_blocks,
+                                block_size=cfg.block_size, limits=limits,
+                                policy=cfg.policy_object,
                                 vocab_size=mc.vocab_size, eos_ids=eos, tokenizer=self.tokenizer)
         rt.on_failure(lambda exc: self.engine.fail_all(str(exc)))
         self.engine.start()

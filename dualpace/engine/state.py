@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from dualpace.engine.policy import Policy, policy_named
 from dualpace.engine.request import EngineRequest, Owner, Phase
 from dualpace.kv.block_pool import BlockPool
-
-POLICIES = ("dualpace", "gated", "gpu-only")
 
 
 @dataclass(frozen=True)
@@ -24,13 +23,11 @@ class Limits:
 
 class SchedulerState:
     def __init__(self, gpu_pool: BlockPool, host_pool: BlockPool, limits: Limits,
-                 policy: str = "dualpace"):
-        if policy not in POLICIES:
-            raise ValueError(f"policy: expected one of {POLICIES}, got {policy!r}")
+                 policy: Policy | str = "dualpace"):
         self.gpu_pool = gpu_pool
         self.host_pool = host_pool
         self.limits = limits
-        self.policy = policy
+        self.policy = policy if isinstance(policy, Policy) else policy_named(policy)
         self.gpu_waiting: deque[EngineRequest] = deque()  # prompts, FIFO
         self.gpu_running: list[EngineRequest] = []  # GPU-owned; the tail is evicted first
         self.cpu_waiting: deque[EngineRequest] = deque()  # CPU-owned, not in the active batch

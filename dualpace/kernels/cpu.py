@@ -58,9 +58,21 @@ def _validated_isa(name: str) -> str:
     return name
 
 
+_default_isa: str | None = None  # a worker's, from its resolved config
+
+
+def set_default_isa(name: str) -> None:
+    """The path every call without ``isa`` takes in this process (workers set the one the
+    supervisor resolved, so all ranks agree whatever their environment)."""
+    global _default_isa
+    _default_isa = _validated_isa(name)
+
+
 def resolve_isa(name: str | None = None) -> str:
-    """The ISA path to use: ``name``, else $DUALPACE_CPU_ISA, else the best the CPU has."""
-    return _validated_isa(name or os.environ.get("DUALPACE_CPU_ISA") or supported_isas()[-1])
+    """The ISA path to use: ``name``, else this process's default, else $DUALPACE_CPU_ISA,
+    else the best the CPU has."""
+    return _validated_isa(name or _default_isa or os.environ.get("DUALPACE_CPU_ISA")
+                          or supported_isas()[-1])
 
 
 def num_threads() -> int:

@@ -56,9 +56,10 @@ from dualpace.profiler.calibration import (
 )
 from dualpace.profiler.fitting import choose_thresholds, pava, peak_batch, plateau_limit
 from dualpace.profiler.fitting import route_scores as score_routes
+from dualpace.resolved import resolve
 from dualpace.runtime import protocol as P
 from dualpace.runtime.assist import AssistChannel, pid_alive
-from dualpace.runtime.layouts import OP_POST_ATTN, OP_POST_ATTN_FINAL, OP_POST_LAYER
+from dualpace.runtime.layouts import DTYPES, OP_POST_ATTN, OP_POST_ATTN_FINAL, OP_POST_LAYER
 from dualpace.runtime.routing import assist_reachable, route_for
 from dualpace.runtime.supervisor import Runtime
 from dualpace.sampling.sampler import SamplingRow, sample
@@ -304,14 +305,15 @@ async def run_profile(config: EngineConfig, s: ProfileSettings, out_dir: Path) -
     mc = load_model_config(config.model)
     sizes = list(s.batch_sizes)
     # Assist reachable (boundaries on) and an Assist Buffer for the largest profiled batch.
-    rt = Runtime(dataclasses.replace(config, assist_thresholds="0,0",
+    rc = resolve(dataclasses.replace(config, assist_thresholds="0,0",
                                      cpu_batch_limit=max(sizes), profile=""))
+    rt = Runtime(rc)
     await rt.start()
     allowed = os.sched_getaffinity(0)
     ids = itertools.count(1 << 40)
     try:
-        os.sched_setaffinity(0, rt.sizing.cpu_cores)
-        torch.set_num_threads(len(rt.sizing.cpu_cores) // config.cpu_tp or 1)
+        os.sched_setaffinity(0, rc.cpu_cores)
+        torch.set_num_threads(len(rc.cpu_cores) // config.cpu_tp or 1)
         ch = rt.assist_channel()
         # CPU dtype: the faster post-attention at the largest batch (DESIGN.md CPU dtype).
         dtypes = {}
@@ -343,9 +345,9 @@ async def run_profile(config: EngineConfig, s: ProfileSettings, out_dir: Path) -
         scores[b] = score_routes(c, mc.num_layers, s.lam)
     p, f = choose_thresholds(scores, mc.num_layers, s.eps)
     cpu_limit = peak_batch(list(decode), list(decode.values()))
-    device = config.torch_device()
-    gpu_model = StagedModel(mc, load_weights(config.model, mc, config.torch_dtype(device),
-                                             device), 16384)
+    device = torch.device(rc.gpu_device)
+    gpu_model = StagedModel(mc, load_weights(config.model, mc, DTYPES[rc.gpu_dtype], device),
+                            16384)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     prefill = gpu_prefill_throughput(gpu_model, s.prefill_shapes, s, config.block_size, sync)
     by_tokens: dict[int, list[float]] = {}

@@ -47,17 +47,19 @@ class HostKV:
 class CpuWorker:
     def __init__(self, model: StagedModel, kv: HostKV, channels: list[AssistChannel],
                  thresholds: tuple[int, int], gpu_alive: Callable[[], bool],
-                 tp_rank: int = 0, tp_size: int = 1):
+                 tp_rank: int = 0, tp_size: int = 1, forced_route: str = ""):
         """Under CPU tensor parallelism every rank runs the same batch over its KV heads
         (``kv`` is its region of the host pool); the model all-reduces its row-parallel
         projections, and Dense Assist calls gather every rank's attention columns.
-        ``channels``: Dense Assist uses the first, the gated pipeline one per sub-batch."""
+        ``channels``: Dense Assist uses the first, the gated pipeline one per sub-batch.
+        ``forced_route``: the policy's route for every batch ("" = Eq. 5 per batch size)."""
         self.model = model
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.kv = kv
         self.channels = channels
         self.assist = channels[0] if channels else None
         self.p, self.f = thresholds
+        self.forced_route = forced_route
         self.gpu_alive = gpu_alive
         self.requests = RequestTable()
         self.steps = 0
@@ -77,7 +79,10 @@ class CpuWorker:
             raise ValueError("a CPU batch holds decode rows only (one token per request)")
         self.requests.apply_blocks(msg.seqs)
         rows = self.requests.sampling_rows(msg.seqs)
-        route = msg.route or self.route(len(msg.seqs))
+        if self.forced_route and msg.route not in ("", self.forced_route):
+            raise ValueError(f"route {msg.route!r}: this worker's policy forces "
+                             f"{self.forced_route!r}")
+        route = msg.route or self.forced_route or self.route(len(msg.seqs))
         if route == NEO_PIPELINE:  # its sub-batches build their own forward batches
             return self._run_pipelined(msg, rows)
         fb = self.requests.forward_batch(msg.seqs, self.kv.block_size, m.device)

@@ -15,6 +15,8 @@ from typing import Union
 
 import msgspec
 
+from dualpace.resolved import ResolvedConfig
+
 
 class _Msg(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
     """Base of every tagged message: array-encoded, defaults omitted, not GC-tracked."""
@@ -190,7 +192,7 @@ class WorkerSpec(msgspec.Struct, gc=False):
     rank: int  # tensor-parallel rank within its group
     tp_size: int
     parent_pid: int
-    config: dict  # EngineConfig fields
+    config: ResolvedConfig
     cores: list[int]
     control: str  # ZeroMQ endpoint of the supervisor
     runtime_dir: str  # the instance's private directory (tensor-parallel rendezvous file)
@@ -203,9 +205,7 @@ class WorkerSpec(msgspec.Struct, gc=False):
     gpu_wake_index: int  # GPU rank 0's wake word (CPU ranks ring it for assists)
     follower_wake_indices: list[int]  # GPU rank 0: the other GPU ranks' wake words
     eventfd: int  # worker -> engine doorbell
-    host_kv: dict  # HostKVLayout fields of one CPU rank's region
     num_host_regions: int  # = CPU tensor-parallel ranks
-    assist: dict  # AssistLayout fields
     gpu_pid: int = 0  # CPU workers: whose death to notice while waiting on an assist
 
 

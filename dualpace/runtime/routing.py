@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
+from dualpace.config import check_thresholds, parse_thresholds  # noqa: F401  (re-exported)
+
 FULL_CPU, SPLIT_FINAL, FUSED_ASSIST = "full-cpu", "split-final", "fused-assist"
 ROUTES = (FULL_CPU, SPLIT_FINAL, FUSED_ASSIST)
 # Not one of Eq. 5's routes: the gated (NEO-style) baseline's CPU step, attention alone on
 # the CPU and every dense stage (embedding and QKV included) on the GPU, in two sub-batches.
 NEO_PIPELINE = "neo-pipeline"
-
-
-def parse_thresholds(text: str) -> tuple[int, int]:
-    """``"P,F"`` -> (P, F). Legal: (0, 0) or 0 <= F < P (Eq. 5)."""
-    try:
-        p_str, f_str = text.split(",")
-        p, f = int(p_str), int(f_str)
-    except ValueError:
-        raise ValueError(
-            f"assist_thresholds: expected 'P,F' (two integers), got {text!r}") from None
-    check_thresholds(p, f)
-    return p, f
-
-
-def check_thresholds(p: int, f: int) -> None:
-    if not ((p, f) == (0, 0) or 0 <= f < p):
-        raise ValueError(f"assist_thresholds: need (P, F) = (0, 0) or 0 <= F < P, got ({p}, {f})")
 
 
 def route_for(batch_size: int, p: int, f: int) -> str:

@@ -27,82 +27,24 @@ import zmq.asyncio
 
 from dualpace.config import EngineConfig
 from dualpace.kernels.futex import FutexWord
-from dualpace.kv.block_pool import blocks_for_tokens
-from dualpace.model.config import load_model_config
-from dualpace.profile_file import apply_profile
+from dualpace.resolved import ResolvedConfig, resolve
 from dualpace.runtime import protocol as P
 from dualpace.runtime.assist import AssistChannel
 from dualpace.runtime.client import WorkerClient, WorkerDied, WorkerGroup
 from dualpace.runtime.layouts import (
     NUM_ASSIST_CHANNELS,
-    AssistLayout,
-    HostKVLayout,
     RingLayout,
     TPControlLayout,
     WakeLayout,
 )
-from dualpace.runtime.placement import split_among, split_cores
+from dualpace.runtime.placement import split_among
 from dualpace.runtime.ring import Ring
 from dualpace.runtime.shm import Instance, sweep_stale
 from dualpace.runtime.worker_main import SPEC_ENV
 
 log = logging.getLogger("dualpace.runtime")
 
-# Default GPU-side pool when --gpu-kv-blocks is not given on a CPU "GPU" device.
-_DEFAULT_GPU_KV_BYTES = 512 << 20
-
-
-def _dtype_name(dt) -> str:
-    return str(dt).removeprefix("torch.")
-
-
-@dataclasses.dataclass(frozen=True)
-class Sizing:
-    """Resolved sizes of one runtime, from the config and the checkpoint."""
-
-    config: EngineConfig  # with gpu_kv_blocks resolved
-    host_kv: HostKVLayout
-    assist: AssistLayout
-    ring: RingLayout
-    gpu_cores: list[int]
-    cpu_cores: list[int]
-
-    @classmethod
-    def resolve(cls, config: EngineConfig) -> Sizing:
-        config = apply_profile(config)
-        mc = load_model_config(config.model)
-        max_len = config.max_model_len or mc.max_position_embeddings
-        device = config.torch_device()
-        gpu_dtype = config.torch_dtype(device)
-        bs = config.block_size
-        gpu_blocks = config.gpu_kv_blocks
-        if not gpu_blocks:
-            per_block = 2 * mc.num_layers * mc.num_kv_heads * bs * mc.head_dim * gpu_dtype.itemsize
-            wanted = config.max_num_seqs * blocks_for_tokens(max_len, bs)
-            gpu_blocks = max(1, min(wanted, _DEFAULT_GPU_KV_BYTES // per_block))
-        mc.shard(config.gpu_tp)  # divisibility of heads / MLP, with a clear error
-        mc.shard(config.cpu_tp)
-        cpu_dtype = config.cpu_torch_dtype()
-        per_host_block = 2 * mc.num_layers * mc.num_kv_heads * bs * mc.head_dim * cpu_dtype.itemsize
-        host_blocks = int(config.cpu_kv_gib * (1 << 30)) // per_host_block
-        if host_blocks < 1:
-            raise ValueError(f"cpu_kv_gib: {config.cpu_kv_gib} GiB holds no KV block "
-                             f"({per_host_block} bytes each)")
-        resolved = dataclasses.replace(config, gpu_kv_blocks=gpu_blocks,
-                                       max_model_len=max_len, cpu_dtype=_dtype_name(cpu_dtype))
-        gpu_cores, cpu_cores = split_cores(sorted(os.sched_getaffinity(0)), config.gpu_cores,
-                                           config.cpu_cores)
-        return cls(
-            config=resolved,
-            host_kv=HostKVLayout(mc.num_layers, host_blocks, mc.num_kv_heads // config.cpu_tp,
-                                 bs, mc.head_dim, _dtype_name(cpu_dtype)),
-            assist=AssistLayout(max_rows=config.cpu_batch_limit_or_default(),
-                                hidden=mc.hidden_size, kv_dim=mc.kv_size,
-                                attn_dim=mc.q_size),
-            ring=RingLayout(),
-            gpu_cores=gpu_cores,
-            cpu_cores=cpu_cores,
-        )
+RING = RingLayout()
 
 
 @dataclasses.dataclass
@@ -133,9 +75,8 @@ def _release(instance: Instance | None, children: list[_Child]) -> None:
 class Runtime:
     """One GPU worker and one CPU worker, their shared memory and their control sockets."""
 
-    def __init__(self, config: EngineConfig):
-        self.sizing = Sizing.resolve(config)
-        self.config = self.sizing.config
+    def __init__(self, config: EngineConfig | ResolvedConfig):
+        self.config = config if isinstance(config, ResolvedConfig) else resolve(config)
         self.gpu: WorkerGroup | None = None
         self.cpu: WorkerGroup | None = None
         self.generation = 0  # bumps on every (re)start; the engine resets its state then
@@ -166,17 +107,17 @@ class Runtime:
             raise
 
     async def _start_group(self) -> None:
-        s, cfg = self.sizing, self.config
+        cfg = self.config
         inst = self._instance = Instance()
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _release, inst, self._children)
         ranks = [("gpu", r) for r in range(cfg.gpu_tp)] + [("cpu", r) for r in range(cfg.cpu_tp)]
         wake_layout = WakeLayout(len(ranks))
         segs = {
-            "host_kv": inst.create("host-kv", cfg.cpu_tp * s.host_kv.size),
-            "rings": inst.create("rings", 2 * len(ranks) * s.ring.size),
+            "host_kv": inst.create("host-kv", cfg.cpu_tp * cfg.host_kv.size),
+            "rings": inst.create("rings", 2 * len(ranks) * RING.size),
             "wake": inst.create("wake", wake_layout.size),
-            "assist": inst.create("assist", NUM_ASSIST_CHANNELS * s.assist.size),
+            "assist": inst.create("assist", NUM_ASSIST_CHANNELS * cfg.assist.size),
             "tpctl": inst.create("tpctl", TPControlLayout().size),
         }
         self._segments = segs
@@ -186,27 +127,25 @@ class Runtime:
         endpoint = inst.ipc_endpoint("control")
         self._router.bind(endpoint)
         loop = asyncio.get_running_loop()
-        gpu_cores = split_among(s.gpu_cores, cfg.gpu_tp)
-        cpu_cores = split_among(s.cpu_cores, cfg.cpu_tp)
+        gpu_cores = split_among(list(cfg.gpu_cores), cfg.gpu_tp)
+        cpu_cores = split_among(list(cfg.cpu_cores), cfg.cpu_tp)
         clients: dict[str, list[WorkerClient]] = {"gpu": [], "cpu": []}
         gpu_pid = 0
         for index, (kind, rank) in enumerate(ranks):
-            ring_in = 2 * index * s.ring.size
-            ring_out = ring_in + s.ring.size
+            ring_in = 2 * index * RING.size
+            ring_out = ring_in + RING.size
             efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             tp = cfg.gpu_tp if kind == "gpu" else cfg.cpu_tp
             spec = P.WorkerSpec(
                 kind=kind, rank=rank, tp_size=tp, parent_pid=os.getpid(),
-                config=dataclasses.asdict(cfg),
+                config=cfg,
                 cores=(gpu_cores if kind == "gpu" else cpu_cores)[rank],
                 control=endpoint, runtime_dir=str(inst.runtime_dir),
                 shm={k: v.name for k, v in segs.items()},
-                ring_in_offset=ring_in, ring_out_offset=ring_out, ring_capacity=s.ring.capacity,
+                ring_in_offset=ring_in, ring_out_offset=ring_out, ring_capacity=RING.capacity,
                 num_workers=len(ranks), wake_index=index, gpu_wake_index=0,
                 follower_wake_indices=list(range(1, cfg.gpu_tp)) if index == 0 else [],
-                eventfd=efd, host_kv=dataclasses.asdict(s.host_kv),
-                num_host_regions=cfg.cpu_tp, assist=dataclasses.asdict(s.assist),
-                gpu_pid=gpu_pid,
+                eventfd=efd, num_host_regions=cfg.cpu_tp, gpu_pid=gpu_pid,
             )
             proc = self._spawn(spec, efd)
             if index == 0:
@@ -214,8 +153,8 @@ class Runtime:
             self._children.append(_Child(kind, rank, proc, os.pidfd_open(proc.pid), efd))
             client = WorkerClient(
                 kind, rank,
-                Ring(segs["rings"].buf, ring_in, s.ring),
-                Ring(segs["rings"].buf, ring_out, s.ring),
+                Ring(segs["rings"].buf, ring_in, RING),
+                Ring(segs["rings"].buf, ring_out, RING),
                 FutexWord(segs["wake"].buf, wake_layout.offset(index)), efd)
             client.pid = proc.pid
             clients[kind].append(client)
@@ -368,7 +307,7 @@ class Runtime:
         segs = self._segments
         n = self.config.gpu_tp + self.config.cpu_tp
         wake = FutexWord(segs["wake"].buf, WakeLayout(n).offset(0))
-        return AssistChannel(segs["assist"], self.sizing.assist, 0, wake)
+        return AssistChannel(segs["assist"], self.config.assist, 0, wake)
 
     def worker_pids(self) -> dict[str, int]:
         return {f"{c.kind}{c.rank}": c.proc.pid for c in self._children}

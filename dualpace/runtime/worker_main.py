@@ -19,7 +19,7 @@ import msgspec
 import torch
 import zmq
 
-from dualpace.config import EngineConfig
+from dualpace.kernels import cpu as cpu_kernels
 from dualpace.kernels.futex import FutexWord
 from dualpace.kv.cache import KVCache
 from dualpace.model.config import load_model_config
@@ -32,7 +32,6 @@ from dualpace.runtime.gpu_worker import GpuWorker, StagingKV
 from dualpace.runtime.layouts import (
     DTYPES,
     NUM_ASSIST_CHANNELS,
-    AssistLayout,
     HostKVLayout,
     RingLayout,
     TPControlLayout,
@@ -41,7 +40,6 @@ from dualpace.runtime.layouts import (
 )
 from dualpace.runtime.placement import die_with_parent, pin_current_process
 from dualpace.runtime.ring import Ring
-from dualpace.runtime.routing import assist_reachable
 from dualpace.runtime.shm import Segment
 from dualpace.runtime.tp_control import DecisionLog
 
@@ -53,7 +51,9 @@ log = logging.getLogger("dualpace.worker")
 class WorkerProcess:
     def __init__(self, spec: P.WorkerSpec):
         self.spec = spec
-        self.config = msgspec.convert(spec.config, EngineConfig)
+        self.config = spec.config
+        if self.config.cpu_isa:
+            cpu_kernels.set_default_isa(self.config.cpu_isa)
         self.stop = False
         seg = {role: Segment.attach(name) for role, name in spec.shm.items()}
         self.segments = seg
@@ -66,10 +66,10 @@ class WorkerProcess:
         ring_layout = RingLayout(capacity=spec.ring_capacity)
         self.ring_in = Ring(seg["rings"].buf, spec.ring_in_offset, ring_layout)
         self.ring_out = Ring(seg["rings"].buf, spec.ring_out_offset, ring_layout)
-        host = HostKVLayout(**spec.host_kv)
+        host = self.config.host_kv
         regions = [host.views(seg["host_kv"], c * host.size)
                    for c in range(spec.num_host_regions)]
-        assist = AssistLayout(**spec.assist)
+        assist = self.config.assist
         channels = [AssistChannel(seg["assist"], assist, i * assist.size,
                                   wake(spec.gpu_wake_index))
                     for i in range(NUM_ASSIST_CHANNELS)]
@@ -103,33 +103,34 @@ class WorkerProcess:
         full = load_model_config(cfg.model)
         local = full.shard(spec.tp_size)
         shard = Shard(spec.rank, spec.tp_size)
-        max_len = cfg.max_model_len or full.max_position_embeddings
-        p, f = cfg.thresholds()
+        max_len = cfg.max_model_len
+        p, f = cfg.thresholds
         if spec.kind == "gpu":
-            device = cfg.torch_device()
+            device = torch.device(cfg.gpu_device)
             if device.type == "cuda" and spec.tp_size > 1:
                 device = torch.device("cuda", spec.rank)
-            dtype = cfg.torch_dtype(device)
+            dtype = DTYPES[cfg.gpu_dtype]
             model = StagedModel(local, load_weights(cfg.model, full, dtype, device, shard),
                                 max_len, all_reduce=self._all_reduce(device))
             kv = KVCache(local.num_layers, cfg.gpu_kv_blocks, local.num_kv_heads,
                          cfg.block_size, local.head_dim, dtype, device)
-            staging = StagingKV(local.num_layers, cfg.staging_blocks(), local.num_kv_heads,
+            staging = StagingKV(local.num_layers, cfg.staging_blocks, local.num_kv_heads,
                                 cfg.block_size, local.head_dim, dtype, device)
             heads = head_ranges(full.num_kv_heads, spec.tp_size, spec.num_host_regions,
                                 spec.rank)
             # Stage boundaries serve assists when a route can call one (§4.2), and always
-            # for the gated baseline: its CPU sub-batches' dense stages run between them.
-            reachable = (cfg.policy == "gated"
-                         or assist_reachable(cfg.cpu_batch_limit_or_default(), p, f))
-            return GpuWorker(model, kv, staging, regions, heads, channels, reachable,
+            # under a forced route (the gated baseline's dense stages run between them):
+            # the policy decides, as it does for the engine.
+            return GpuWorker(model, kv, staging, regions, heads, channels,
+                             cfg.serves_boundaries(),
                              spec.rank, spec.tp_size, decisions)
         dtype = DTYPES[host.dtype]
         model = StagedModel(local, load_weights(cfg.model, full, dtype, "cpu", shard), max_len,
                             all_reduce=self._all_reduce(torch.device("cpu")))
         k, v = regions[spec.rank]
         return CpuWorker(model, HostKV(k, v, cfg.block_size), channels, (p, f),
-                         pid_alive(spec.gpu_pid), spec.rank, spec.tp_size)
+                         pid_alive(spec.gpu_pid), spec.rank, spec.tp_size,
+                         forced_route=cfg.policy_object.forced_route)
 
     # --- data plane -------------------------------------------------------------------------
     def handle(self, raw: bytes) -> None:

@@ -29,7 +29,7 @@ class Driver:
     def __init__(self, rt: Runtime):
         self.rt = rt
         self.gpu_pool = BlockPool(rt.config.gpu_kv_blocks, rt.config.block_size)
-        self.host_pool = BlockPool(rt.sizing.host_kv.num_blocks, rt.config.block_size)
+        self.host_pool = BlockPool(rt.config.host_kv.num_blocks, rt.config.block_size)
         self.bs = rt.config.block_size
         self.steps = itertools.count(1)
         self.routes: list[str] = []

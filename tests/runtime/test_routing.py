@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from dualpace.config import EngineConfig
 from dualpace.runtime.routing import (
     FULL_CPU,
     FUSED_ASSIST,
@@ -48,11 +47,3 @@ def test_no_assist_is_f_at_c_and_makes_assist_unreachable():
     assert assist_reachable(1, 0, 0)
     assert assist_reachable(33, 32, 16) and assist_reachable(17, 32, 16)
     assert not assist_reachable(16, 32, 16)
-
-
-def test_config_defaults_to_no_assist_at_c():
-    cfg = EngineConfig(model="m")
-    assert cfg.cpu_batch_limit_or_default() == 256
-    assert cfg.thresholds() == (257, 256)
-    assert EngineConfig(model="m", cpu_batch_limit=40).thresholds() == (41, 40)
-    assert EngineConfig(model="m", assist_thresholds="0,0").thresholds() == (0, 0)

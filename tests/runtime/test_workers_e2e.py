@@ -163,7 +163,7 @@ def test_neo_pipeline_overlaps_the_gpu_step(llama_checkpoint, tp, split):
 def _host_kv(rt, blocks: list[int], n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer, the first ``n`` tokens' K and V [kv_heads, n, head_dim] as the host pool
     holds them in ``blocks`` (rank-sharded: CPU rank c's region has its heads)."""
-    lay = rt.sizing.host_kv
+    lay = rt.config.host_kv
     regions = [lay.views(rt._segments["host_kv"], c * lay.size) for c in range(rt.config.cpu_tp)]
     out = []
     for i in range(lay.num_layers):

@@ -1,0 +1,138 @@
+"""The configuration resolved once, before any process starts (DESIGN.md §Processes).
+
+``EngineConfig`` (config.py) is what the operator asked for; ``ResolvedConfig`` is what runs:
+the profile applied (flags win), the GPU device and both compute dtypes probed, the CPU
+kernel ISA chosen ($DUALPACE_CPU_ISA validated here, so a bad value fails in the supervisor
+with one clear error, not in every worker), the KV pools sized, the Eq. 5 thresholds and the
+CPU batch limit C settled, the cores split. ``ServingEngine``, ``Runtime`` and every worker
+consume this one immutable object; the workers get it typed inside their ``WorkerSpec``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import msgspec
+
+from dualpace.config import DEFAULT_CPU_BATCH_LIMIT, EngineConfig, parse_thresholds
+from dualpace.engine.policy import Policy, policy_named
+from dualpace.runtime.layouts import AssistLayout, HostKVLayout
+from dualpace.runtime.routing import no_assist
+
+# Default GPU-side pool when --gpu-kv-blocks is not given.
+DEFAULT_GPU_KV_BYTES = 512 << 20
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class ResolvedConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    model: str
+    policy: str
+    gpu_device: str  # "cpu", "cuda" or "cuda:N": never "auto"
+    gpu_dtype: str  # never "auto"
+    cpu_dtype: str
+    cpu_isa: str  # the CPU kernels' path: scalar | avx2 | avx512; "" without the extension
+    block_size: int
+    gpu_kv_blocks: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    cpu_batch_limit: int  # C
+    thresholds: tuple[int, int]  # (P, F) of Eq. 5
+    staging_blocks: int
+    gpu_tp: int
+    cpu_tp: int
+    gpu_cores: tuple[int, ...]
+    cpu_cores: tuple[int, ...]
+    startup_timeout: float
+    max_restarts: int
+    host_kv: HostKVLayout  # one CPU rank's region of the host KV pool
+    assist: AssistLayout  # one Dense Assist channel
+    profile: str = ""  # the profile file that was applied, if any
+
+    @property
+    def policy_object(self) -> Policy:
+        return policy_named(self.policy)
+
+    @property
+    def host_kv_blocks(self) -> int:
+        return self.host_kv.num_blocks
+
+    def serves_boundaries(self) -> bool:
+        """Whether the GPU worker checks for assists at stage boundaries: the engine's
+        policy and thresholds decide it, the same for the engine and the workers."""
+        return self.policy_object.serves_boundaries(self.cpu_batch_limit, *self.thresholds)
+
+
+def _gpu_device(name: str) -> str:
+    if name != "auto":
+        return name
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _cpu_dtype_and_isa(requested: str) -> tuple[str, str]:
+    """BF16 where the CPU has AMX (oneDNN BF16 through torch is fast there), else FP32: on
+    AVX2/AVX-512 machines torch's BF16 linear is several times slower (DESIGN.md)."""
+    from dualpace.kernels import cpu
+
+    have = cpu.available()
+    isa = cpu.resolve_isa() if have else ""
+    if requested != "auto":
+        return requested, isa
+    amx = have and cpu.cpu_features()["amx_bf16"]
+    return ("bfloat16" if amx else "float32"), isa
+
+
+def resolve(config: EngineConfig) -> ResolvedConfig:
+    """Everything a run needs, from the operator's config, the profile, the checkpoint and
+    this machine; raises ValueError with the offending option named."""
+    from dualpace.model.config import load_model_config
+    from dualpace.profile_file import apply_profile
+    from dualpace.runtime.placement import split_cores
+
+    config = apply_profile(config)
+    mc = load_model_config(config.model)
+    max_len = config.max_model_len or mc.max_position_embeddings
+    device = _gpu_device(config.gpu_device)
+    gpu_dtype = config.dtype if config.dtype != "auto" else (
+        "bfloat16" if device.startswith("cuda") else "float32")
+    bs = config.block_size
+    kv_row = 2 * mc.num_layers * mc.num_kv_heads * bs * mc.head_dim
+    gpu_blocks = config.gpu_kv_blocks
+    if not gpu_blocks:
+        wanted = config.max_num_seqs * -(-max_len // bs)
+        gpu_blocks = max(1, min(wanted, DEFAULT_GPU_KV_BYTES // (kv_row * _ITEMSIZE[gpu_dtype])))
+    mc.shard(config.gpu_tp)  # divisibility of heads / MLP, with a clear error
+    mc.shard(config.cpu_tp)
+    cpu_dtype, isa = _cpu_dtype_and_isa(config.cpu_dtype)
+    per_host_block = kv_row * _ITEMSIZE[cpu_dtype]
+    host_blocks = int(config.cpu_kv_gib * (1 << 30)) // per_host_block
+    if host_blocks < 1:
+        raise ValueError(f"cpu_kv_gib: {config.cpu_kv_gib} GiB holds no KV block "
+                         f"({per_host_block} bytes each)")
+    limit = config.cpu_batch_limit or DEFAULT_CPU_BATCH_LIMIT
+    # With no thresholds configured, F = C: every batch the tier can form is Full-CPU and
+    # the GPU runs whole forwards (§4.2).
+    thresholds = (parse_thresholds(config.assist_thresholds) if config.assist_thresholds
+                  else no_assist(limit))
+    # Staging for Prefill-to-CPU: one layer of a full batched-token budget, or of the
+    # longest prompt (one past the batched-token limit goes alone in its round), plus one
+    # block per row for the rounding of each prompt's last block.
+    staging = -(-max(config.max_num_batched_tokens, max_len) // bs) + config.max_num_seqs
+    gpu_cores, cpu_cores = split_cores(sorted(os.sched_getaffinity(0)), config.gpu_cores,
+                                       config.cpu_cores)
+    return ResolvedConfig(
+        model=config.model, policy=config.policy, gpu_device=device, gpu_dtype=gpu_dtype,
+        cpu_dtype=cpu_dtype, cpu_isa=isa, block_size=bs, gpu_kv_blocks=gpu_blocks,
+        max_model_len=max_len, max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens, cpu_batch_limit=limit,
+        thresholds=thresholds, staging_blocks=staging, gpu_tp=config.gpu_tp,
+        cpu_tp=config.cpu_tp, gpu_cores=tuple(gpu_cores), cpu_cores=tuple(cpu_cores),
+        startup_timeout=config.startup_timeout, max_restarts=config.max_restarts,
+        host_kv=HostKVLayout(mc.num_layers, host_blocks, mc.num_kv_heads // config.cpu_tp, bs,
+                             mc.head_dim, cpu_dtype),
+        assist=AssistLayout(max_rows=limit, hidden=mc.hidden_size, kv_dim=mc.kv_size,
+                            attn_dim=mc.q_size),
+        profile=config.profile,
+    )

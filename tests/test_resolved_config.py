@@ -1,0 +1,80 @@
+"""The configuration is resolved once, before any process starts, and the workers get the
+very object the engine uses (typed, inside their spec)."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from dualpace.config import EngineConfig
+from dualpace.kernels import cpu
+from dualpace.resolved import ResolvedConfig, resolve
+from dualpace.runtime import protocol as P
+
+
+@pytest.fixture(scope="module")
+def ckpt(llama_checkpoint):
+    return llama_checkpoint[0]
+
+
+def test_defaults_resolve_to_concrete_values(ckpt):
+    rc = resolve(EngineConfig(model=str(ckpt), gpu_device="auto"))
+    assert rc.gpu_device in ("cpu", "cuda") and rc.gpu_dtype != "auto"
+    assert rc.cpu_dtype in ("float32", "bfloat16")
+    assert rc.cpu_batch_limit == 256 and rc.thresholds == (257, 256)  # no assist: F = C
+    assert not rc.serves_boundaries()
+    mc = json.loads((ckpt / "config.json").read_text())
+    assert rc.max_model_len == mc["max_position_embeddings"]
+    # staging: one layer of max(batched tokens, longest prompt), plus a block per row
+    assert rc.staging_blocks == -(-max(2048, rc.max_model_len) // 16) + 64
+    assert rc.assist.max_rows == 256 and rc.host_kv.num_blocks >= 1
+
+
+def test_flags_shape_the_resolution(ckpt):
+    rc = resolve(EngineConfig(model=str(ckpt), gpu_device="cpu", cpu_batch_limit=40,
+                              assist_thresholds="8,4", max_model_len=64))
+    assert rc.thresholds == (8, 4) and rc.cpu_batch_limit == 40 and rc.serves_boundaries()
+    assert rc.gpu_dtype == "float32" and rc.max_model_len == 64
+    assert resolve(EngineConfig(model=str(ckpt), gpu_device="cpu",
+                                cpu_batch_limit=40)).thresholds == (41, 40)
+    gated = resolve(EngineConfig(model=str(ckpt), gpu_device="cpu",
+                                 policy="gated"))
+    # the gated baseline's forced route needs the GPU's stage boundaries whatever (P, F)
+    assert gated.policy_object.forced_route == "neo-pipeline" and gated.serves_boundaries()
+
+
+def test_profile_is_applied_in_resolution(ckpt, tmp_path):
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps({"format": 2, "assist_thresholds": [0, 0],
+                                "cpu_batch_limit": 32}))
+    rc = resolve(EngineConfig(model=str(ckpt), gpu_device="cpu",
+                              profile=str(prof)))
+    assert rc.thresholds == (0, 0) and rc.cpu_batch_limit == 32 and rc.assist.max_rows == 32
+
+
+def test_bad_isa_fails_in_resolution(ckpt, monkeypatch):
+    if not cpu.available():
+        pytest.skip("the C extension is not built")
+    monkeypatch.setenv("DUALPACE_CPU_ISA", "sse9")
+    with pytest.raises(ValueError, match="unknown ISA 'sse9'"):
+        resolve(EngineConfig(model=str(ckpt), gpu_device="cpu"))
+    monkeypatch.setenv("DUALPACE_CPU_ISA", "scalar")
+    assert resolve(EngineConfig(model=str(ckpt), gpu_device="cpu")).cpu_isa == (
+        "scalar")
+
+
+def test_worker_spec_carries_the_typed_config(ckpt):
+    rc = resolve(EngineConfig(model=str(ckpt), gpu_device="cpu"))
+    spec = P.WorkerSpec(kind="cpu", rank=0, tp_size=1, parent_pid=1, config=rc, cores=[0],
+                        control="ipc://x", runtime_dir="/tmp", shm={}, ring_in_offset=0,
+                        ring_out_offset=0, ring_capacity=1, num_workers=2, wake_index=1,
+                        gpu_wake_index=0, follower_wake_indices=[], eventfd=3,
+                        num_host_regions=1)
+    back = msgspec.json.decode(msgspec.json.encode(spec), type=P.WorkerSpec)
+    assert isinstance(back.config, ResolvedConfig) and back.config == rc
+    raw = json.loads(msgspec.json.encode(spec))
+    raw["config"]["gpu_kv_blocks"] = "many"
+    with pytest.raises(msgspec.ValidationError, match="gpu_kv_blocks"):
+        msgspec.json.decode(json.dumps(raw).encode(), type=P.WorkerSpec)
