@@ -39,100 +39,30 @@ static inline __m256 exp8(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-static inline __attribute__((always_inline)) void qk_tile(const float *q, const char *k, int64_t row, int dtype,
-                                        int D, int G, int TT, float *s, int BS) {
-    const int esz = dp_elem_size(dtype);
-    __m256 acc[4][16];
-    for (int t = 0; t < TT; t++)
-        for (int g = 0; g < G; g++) acc[t][g] = _mm256_setzero_ps();
-    for (int d = 0; d < D; d += 8) {
-        __m256 kv[4];
-        for (int t = 0; t < TT; t++) kv[t] = load8(k + t * row + (int64_t)d * esz, dtype);
-        for (int g = 0; g < G; g++) {
-            const __m256 qv = _mm256_loadu_ps(q + g * D + d);
-            for (int t = 0; t < TT; t++) acc[t][g] = _mm256_fmadd_ps(qv, kv[t], acc[t][g]);
-        }
-    }
-    for (int t = 0; t < TT; t++)
-        for (int g = 0; g < G; g++) s[g * BS + t] = hsum8(acc[t][g]);
-}
-/* Several tokens per pass: each q chunk loaded once serves TT keys. */
-static inline __attribute__((always_inline)) void prim_qk_block(const float *q, const char *k, int64_t row, int n,
-                                              int dtype, int D, int G, float *s, int BS) {
-    int t = 0;
-    if (G <= 16) {
-        const int TT = G <= 2 ? 4 : (G <= 4 ? 2 : 1);
-        for (; t + TT <= n; t += TT) qk_tile(q, k + t * row, row, dtype, D, G, TT, s + t, BS);
-        for (; t < n; t++) qk_tile(q, k + t * row, row, dtype, D, G, 1, s + t, BS);
-    } else {
-        for (int g0 = 0; g0 < G; g0 += 16)
-            for (t = 0; t < n; t++)
-                qk_tile(q + g0 * D, k + t * row, row, dtype, D, G - g0 < 16 ? G - g0 : 16, 1,
-                        s + g0 * BS + t, BS);
-    }
-}
-/* Accumulators stay in registers across the block's tokens: one load and store of acc per
- * block instead of per token. */
-static inline __attribute__((always_inline)) void prim_pv_block(float *acc, const float *s, int BS, const char *v,
-                                              int64_t row, int n, int dtype, int D, int G) {
-    const int esz = dp_elem_size(dtype);
-    /* G <= 8 (every common GQA ratio): the whole group's accumulators for one D-chunk stay
-     * in registers over the block; constant G lets the compiler unroll the head loop. */
-    if (G <= 8) {
-        for (int d = 0; d < D; d += 8) {
-            __m256 a[8];
-            for (int g = 0; g < G; g++) a[g] = _mm256_loadu_ps(acc + (int64_t)g * D + d);
-            const char *vd = v + (int64_t)d * esz;
-            for (int t = 0; t < n; t++, vd += row) {
-                const __m256 vv = load8(vd, dtype);
-                for (int g = 0; g < G; g++) a[g] = _mm256_fmadd_ps(_mm256_set1_ps(s[g * BS + t]), vv, a[g]);
-            }
-            for (int g = 0; g < G; g++) _mm256_storeu_ps(acc + (int64_t)g * D + d, a[g]);
-        }
-        return;
-    }
-    for (int d = 0; d < D; d += 8) {
-        for (int g0 = 0; g0 < G; g0 += 8) {
-            const int gn = G - g0 < 8 ? G - g0 : 8;
-            __m256 a[8];
-            for (int g = 0; g < gn; g++) a[g] = _mm256_loadu_ps(acc + (int64_t)(g0 + g) * D + d);
-            for (int t = 0; t < n; t++) {
-                const __m256 vv = load8(v + t * row + (int64_t)d * esz, dtype);
-                for (int g = 0; g < gn; g++)
-                    a[g] = _mm256_fmadd_ps(_mm256_set1_ps(s[(g0 + g) * BS + t]), vv, a[g]);
-            }
-            for (int g = 0; g < gn; g++) _mm256_storeu_ps(acc + (int64_t)(g0 + g) * D + d, a[g]);
-        }
-    }
-}
-static inline __attribute__((always_inline)) float prim_max(const float *s, int n) {
-    __m256 m = _mm256_set1_ps(-INFINITY);
-    int i = 0;
-    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + i));
-    __m128 x = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+static inline float hmax8(__m256 v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     x = _mm_max_ps(x, _mm_movehl_ps(x, x));
     x = _mm_max_ss(x, _mm_movehdup_ps(x));
-    float r = _mm_cvtss_f32(x);
-    for (; i < n; i++) r = s[i] > r ? s[i] : r;
-    return r;
+    return _mm_cvtss_f32(x);
 }
-static inline __attribute__((always_inline)) void prim_scale(float *x, float c, int n) {
-    const __m256 cv = _mm256_set1_ps(c);
-    for (int i = 0; i < n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), cv));
-}
-static inline __attribute__((always_inline)) float prim_exp_sub(float *s, int n, float m) {
-    const __m256 mv = _mm256_set1_ps(m);
-    __m256 sum = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
-        _mm256_storeu_ps(s + i, e);
-        sum = _mm256_add_ps(sum, e);
-    }
-    float r = hsum8(sum);
-    for (; i < n; i++) { s[i] = expf(s[i] - m); r += s[i]; }
-    return r;
-}
+
+typedef __m256 VEC;
+#define VW 8
+#define QK_TT(G) ((G) <= 2 ? 4 : ((G) <= 4 ? 2 : 1)) /* 16 ymm registers */
+static inline __attribute__((always_inline)) VEC vzero(void) { return _mm256_setzero_ps(); }
+static inline __attribute__((always_inline)) VEC vset1(float f) { return _mm256_set1_ps(f); }
+static inline __attribute__((always_inline)) VEC vloadu(const float *p) { return _mm256_loadu_ps(p); }
+static inline __attribute__((always_inline)) void vstoreu(float *p, VEC v) { _mm256_storeu_ps(p, v); }
+static inline __attribute__((always_inline)) VEC vload_w(const char *p, int dtype) { return load8(p, dtype); }
+static inline __attribute__((always_inline)) VEC vfma(VEC a, VEC b, VEC c) { return _mm256_fmadd_ps(a, b, c); }
+static inline __attribute__((always_inline)) VEC vmul(VEC a, VEC b) { return _mm256_mul_ps(a, b); }
+static inline __attribute__((always_inline)) VEC vsub(VEC a, VEC b) { return _mm256_sub_ps(a, b); }
+static inline __attribute__((always_inline)) VEC vadd(VEC a, VEC b) { return _mm256_add_ps(a, b); }
+static inline __attribute__((always_inline)) VEC vmax(VEC a, VEC b) { return _mm256_max_ps(a, b); }
+static inline __attribute__((always_inline)) VEC vexp(VEC x) { return exp8(x); }
+static inline __attribute__((always_inline)) float vreduce_add(VEC v) { return hsum8(v); }
+static inline __attribute__((always_inline)) float vreduce_max(VEC v) { return hmax8(v); }
+#include "attention_simd.h"
 
 #define DP_ITEM_FN dp_attn_item_avx2
 #include "attention_body.h"
@@ -151,12 +81,5 @@ double dp_stream_read_avx2(const float *buf, int64_t n) {
     return s;
 }
 
-typedef __m256 VEC;
-#define VW 8
-static inline VEC vzero(void) { return _mm256_setzero_ps(); }
-static inline VEC vload_x(const float *p) { return _mm256_loadu_ps(p); }
-static inline VEC vload_w(const char *p, int dtype) { return load8(p, dtype); }
-static inline VEC vfma(VEC a, VEC b, VEC c) { return _mm256_fmadd_ps(a, b, c); }
-static inline float vreduce(VEC v) { return hsum8(v); }
 #define LINEAR_FN dp_linear_avx2
 #include "linear_body.h"

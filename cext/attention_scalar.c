@@ -50,9 +50,9 @@ double dp_stream_read_scalar(const float *buf, int64_t n) {
 typedef float VEC;
 #define VW 1
 static inline VEC vzero(void) { return 0.f; }
-static inline VEC vload_x(const float *p) { return *p; }
+static inline VEC vloadu(const float *p) { return *p; }
 static inline VEC vload_w(const char *p, int dtype) { return dp_load_elem(p, dtype, 0); }
 static inline VEC vfma(VEC a, VEC b, VEC c) { return a * b + c; }
-static inline float vreduce(VEC v) { return v; }
+static inline float vreduce_add(VEC v) { return v; }
 #define LINEAR_FN dp_linear_scalar
 #include "linear_body.h"

@@ -18,7 +18,6 @@ enum {
 };
 
 uint32_t dp_cpu_features(void);
-int dp_isa_compiled(int isa);
 
 /* Paged decode attention over one layer of an HND KV pool.
  * q [B, Hq, D], k/v [num_blocks, Hkv, BS, D], block_tables [B, max_blocks], seq_lens [B],

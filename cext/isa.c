@@ -29,7 +29,3 @@ uint32_t dp_cpu_features(void) {
     if ((f & DP_FEAT_AVX512) && ((a >> 5) & 1)) f |= DP_FEAT_AVX512_BF16;
     return f;
 }
-
-int dp_isa_compiled(int isa) {
-    return isa == DP_ISA_SCALAR || isa == DP_ISA_AVX2 || isa == DP_ISA_AVX512;
-}

@@ -2,7 +2,7 @@
  * Decode batches have few rows, so the product is bound by streaming W from memory: each
  * thread takes a contiguous range of W rows, and a register tile of MR x-rows by NR W-rows
  * reads every W element once per MR rows of x. Before including define: VEC, VW (lanes),
- * vzero(), vload_x(p), vload_w(p, dtype), vfma(a, b, c), vreduce(v), and LINEAR_FN. */
+ * vzero(), vloadu(p), vload_w(p, dtype), vfma(a, b, c), vreduce_add(v), and LINEAR_FN. */
 #define MR 4
 #define NR 4
 
@@ -19,14 +19,14 @@ static inline __attribute__((always_inline)) void lin_tile(
             wv[j] = j < nr ? vload_w(w + ((int64_t)j * K + k) * esz, wdt) : vzero();
         for (int i = 0; i < MR; i++) {
             if (i >= mr) break;
-            const VEC xv = vload_x(x + (int64_t)i * K + k);
+            const VEC xv = vloadu(x + (int64_t)i * K + k);
             for (int j = 0; j < NR; j++)
                 if (j < nr) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
         }
     }
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++)
-            out[(int64_t)i * N + n0 + j] = vreduce(acc[i][j]) + (bias ? bias[n0 + j] : 0.f);
+            out[(int64_t)i * N + n0 + j] = vreduce_add(acc[i][j]) + (bias ? bias[n0 + j] : 0.f);
 }
 
 void LINEAR_FN(const float *x, int M, int K, const void *w, int wdt, int N,
