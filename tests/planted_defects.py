@@ -1,0 +1,171 @@
+"""Mutation check of the suite: plant one defect at a time in the package, run the tests
+that should catch it, and report whether they failed (they must). Not collected by pytest;
+run by hand from the repository root:
+
+    .venv/bin/python tests/planted_defects.py [--only ID ...] [--json]
+
+Every plant is a literal text replacement that must match exactly once, so a refactor that
+moves the code makes the plant fail loudly instead of silently testing nothing. The source
+file is restored after each run, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Plant:
+    id: str
+    what: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+PLANTS = [
+    Plant("cpu-admits-unready", "the CPU round admits a request whose KV is still in flight",
+          "dualpace/engine/cpu_round.py", "        if not r.ready or r.swap_in_mark:",
+          "        if r.swap_in_mark:", ("tests/engine/test_scheduler_properties.py",)),
+    Plant("finish-leaks-swap-source", "a finished request's in-flight swap-in source blocks "
+          "are never freed", "dualpace/engine/llm_engine.py",
+          "            st.host_pool.free(r.pending_free)\n", "            pass\n",
+          ("tests/engine/test_scheduler_properties.py::"
+           "test_every_request_ends_finished_with_its_blocks_returned",
+           "tests/engine/test_abort.py")),
+    Plant("abort-under-a-running-step", "abort finishes a request inside a submitted step "
+          "(its blocks are freed under the step)", "dualpace/engine/llm_engine.py",
+          "        if r.in_flight:\n            r.abort_requested",
+          "        if False:\n            r.abort_requested",
+          ("tests/engine/test_abort.py",
+           "tests/engine/test_e2e_policies.py::test_abort_mid_step_with_real_workers")),
+    Plant("assist-failure-swallowed", "a GPU-side Dense Assist failure returns instead of "
+          "raising", "dualpace/runtime/assist.py",
+          "        if failed:\n            raise AssistFailed",
+          "        if False:\n            raise AssistFailed",
+          ("tests/runtime/test_assist_handshake.py",)),
+    Plant("attention-scale", "the CPU attention kernel is called with a 0.1% wrong scale",
+          "dualpace/kernels/cpu.py", "float(scale), isa_code", "float(scale) * 1.001, isa_code",
+          ("tests/kernels/test_paged_attention.py",)),
+    Plant("kv-write-slot", "the torch KV write puts every token one row late",
+          "dualpace/kv/cache.py", "    offsets = slots - blocks * bs\n",
+          "    offsets = (slots - blocks * bs + 1) % bs\n",
+          ("tests/kernels/test_kv_copy.py",)),
+    Plant("migration-drops-last-block", "a KV migration copies one block too few",
+          "dualpace/runtime/gpu_worker.py", "        nb = -(-m.num_tokens // self.block_size)\n",
+          "        nb = max(1, -(-m.num_tokens // self.block_size) - 1)\n",
+          ("tests/runtime/test_workers_e2e.py::test_host_kv_after_prefill_to_cpu_and_a_swap_"
+           "round_trip_equals_transformers",)),
+    Plant("fused-assist-miscounted", "Fused-Assist does not count its per-layer calls",
+          "dualpace/runtime/cpu_worker.py",
+          "                hidden = self._assist(OP_POST_ATTN, i, hidden, attn, None)\n"
+          "                calls += 1\n",
+          "                hidden = self._assist(OP_POST_ATTN, i, hidden, attn, None)\n",
+          ("tests/runtime/test_workers_e2e.py::test_prefill_to_cpu_then_each_route",)),
+    Plant("loadgen-no-arrivals", "the load generator sends every request at once",
+          "bench/loadgen.py",
+          "        await asyncio.sleep(max(0.0, offsets[i] - (time.perf_counter() - t_start)))",
+          "        await asyncio.sleep(0)", ("tests/bench/test_loadgen.py",)),
+    Plant("shm-segment-leak", "instance cleanup leaves its first segment behind",
+          "dualpace/runtime/shm.py", "        for seg in self.segments:\n            seg.unlink()",
+          "        for seg in self.segments[1:]:\n            seg.unlink()",
+          ("tests/runtime/test_faults.py",)),
+    Plant("sse-error-dropped", "a stream whose request failed ends without an error event",
+          "dualpace/server/app.py", "                if d.error:\n                    await resp",
+          "                if False:\n                    await resp",
+          ("tests/server/test_failures.py::"
+           "test_worker_killed_mid_stream_then_the_group_restarts",)),
+    Plant("restart-unbounded", "the supervisor ignores --max-restarts",
+          "dualpace/runtime/supervisor.py",
+          "        if self.restarts > self.config.max_restarts:",
+          "        if self.restarts > self.config.max_restarts + 100:",
+          ("tests/server/test_failures.py::"
+           "test_restart_bound_makes_the_server_unavailable_and_exit_nonzero",)),
+    Plant("drain-never-cuts", "SIGTERM's drain timeout does not abort the live requests",
+          "dualpace/server/serve.py", "            serving.abort_all()", "            pass",
+          ("tests/server/test_failures.py::"
+           "test_drain_timeout_cuts_a_long_request_and_exits_zero",)),
+    Plant("tp-no-all-reduce", "tensor-parallel ranks skip the all-reduce",
+          "dualpace/runtime/worker_main.py", "            dist.all_reduce(t)\n",
+          "            pass\n",
+          ("tests/server/test_failures.py::"
+           "test_tensor_parallel_server_gives_the_single_rank_tokens",)),
+    Plant("ring-no-wrap-marker", "the ring writer skips to the start without a wrap marker",
+          "dualpace/runtime/ring.py", "            _LEN.pack_into(self._data, pos, _WRAP)\n",
+          "            pass\n",
+          ("tests/runtime/test_placement_and_ring.py::test_ring_wraps_around_and_keeps_order",)),
+    Plant("cores-reversed-range", "--cpu-cores accepts a reversed range such as 5-2",
+          "dualpace/runtime/placement.py", "                if hi < lo:",
+          "                if False:",
+          ("tests/runtime/test_placement_and_ring.py",)),
+    Plant("eq1-wrong-sub-batch", "Eq. 1's first margin subtracts sub-batch 0's CPU attention",
+          "dualpace/engine/cost_model.py", "    return (t0_lin - m.t_ca(ctx1),",
+          "    return (t0_lin - m.t_ca(ctx0),", ("tests/engine/test_cost_model.py",)),
+    Plant("gated-without-forced-route", "the gated policy stops forcing the NEO pipeline",
+          "dualpace/engine/policy.py", "forced_route=NEO_PIPELINE)", 'forced_route="")',
+          ("tests/test_resolved_config.py",
+           "tests/engine/test_e2e_policies.py::"
+           "test_policy_outputs_match_transformers[gated-neo-pipeline]")),
+    Plant("swap-in-table-diff", "after a swap-in the translator thinks the GPU worker knows "
+          "no blocks (the next decode re-sends the table as a diff)",
+          "dualpace/runtime/translator.py",
+          '            self._known["gpu"][m.req.rid] = len(m.dst)',
+          '            self._known["gpu"][m.req.rid] = 0',
+          ("tests/engine/test_scheduler_properties.py",)),
+    Plant("staging-without-rows", "the resolved staging area lacks the per-row rounding blocks",
+          "dualpace/resolved.py", "// bs) + config.max_num_seqs", "// bs)",
+          ("tests/test_resolved_config.py",)),
+    Plant("scheduler-imports-transport", "the scheduler's request module imports msgspec",
+          "dualpace/engine/request.py", "import enum\n", "import enum\n\nimport msgspec  # noqa\n",
+          ("tests/engine/test_torch_free.py",)),
+]
+
+
+def run(plant: Plant) -> dict:
+    path = ROOT / plant.file
+    original = path.read_text()
+    if original.count(plant.old) != 1:
+        return {"id": plant.id, "error": f"plant text found {original.count(plant.old)} times"}
+    t0 = time.monotonic()
+    try:
+        path.write_text(original.replace(plant.old, plant.new))
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p",
+                               "no:cacheprovider", *plant.tests], cwd=ROOT,
+                              capture_output=True, text=True, timeout=900)
+    finally:
+        path.write_text(original)
+    tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-200:]
+    return {"id": plant.id, "caught": proc.returncode == 1, "rc": proc.returncode,
+            "summary": tail, "seconds": round(time.monotonic() - t0, 1)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    results = []
+    for p in PLANTS:
+        if args.only and p.id not in args.only:
+            continue
+        r = run(p)
+        results.append(r)
+        if not args.json:
+            print(f"{r['id']:28s} {'caught' if r.get('caught') else 'MISSED'}  "
+                  f"{r.get('summary', r.get('error'))}", flush=True)
+    if args.json:
+        print(json.dumps({"plants": results}))
+    return 0 if all(r.get("caught") for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
