@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,9 +19,11 @@ import loadgen
 from .app_thread import free_port, serve_in_thread
 
 TTFT, ITL, TOKENS = 0.060, 0.025, 6
+ARRIVALS: list[float] = []  # when the fake server saw each request (perf_counter)
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
+    ARRIVALS.append(time.perf_counter())
     body = await request.json()
     n = min(TOKENS, body["max_tokens"])
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -66,6 +69,25 @@ def test_measured_latencies_equal_the_injected_ones(fake_server, tmp_path, capsy
     assert len(res["itls"]) == 8 and all(len(x) == TOKENS - 1 for x in res["itls"])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(last)["completed"] == 8
+
+
+def test_requests_leave_on_their_poisson_schedule(fake_server, tmp_path):
+    """The replayer sends request i no earlier than its scheduled offset (seeded gamma gaps
+    spanning N / rate): a replayer that sends everything at once fails this."""
+    n, rate, seed = 6, 10.0, 3
+    ARRIVALS.clear()
+    t0 = time.perf_counter()
+    loadgen.main(["--base-url", fake_server, "--dataset", "random", "--num-requests", str(n),
+                  "--random-input-len", "4", "--random-output-len", "1", "--request-rate",
+                  str(rate), "--seed", str(seed), "--save-result", str(tmp_path / "r.json"),
+                  "--no-progress"])
+    planned = loadgen.arrival_times([None] * n, rate, 1.0, seed, False, 1.0)
+    seen = sorted(t - t0 for t in ARRIVALS)
+    assert len(seen) == n and planned[-1] > 0.2
+    # Lower bounds only (a loaded machine delays, it never advances); the first request's
+    # own offset absorbs the client's start-up time.
+    for got, want in zip(seen, planned):
+        assert got >= want - 0.01, (seen, planned)
 
 
 def test_failures_are_counted(tmp_path):

@@ -43,6 +43,9 @@ class FakeGroup:
         else:
             await asyncio.sleep(w.delay)
         self.steps += 1
+        if w.fail_step is not None and w.fail_step(self.kind, batch):
+            w.failed_steps.append(batch)
+            raise WorkerFailure(f"{self.kind} step {batch.step_id} failed (injected)")
         ready = []
         if isinstance(batch, P.GpuBatch):
             for m in batch.swap_out:
@@ -123,6 +126,10 @@ class VirtualClock:
                 fut.set_result(None)
 
 
+class WorkerFailure(RuntimeError):
+    """An injected step failure (a worker error, not an engine mistake)."""
+
+
 class ProtocolViolation(AssertionError):
     """The engine sent a worker something a real worker could not execute."""
 
@@ -145,6 +152,9 @@ class FakeWorkers:
         self.delay = delay
         self.clock = clock
         self.step_time = step_time or (lambda kind, batch: delay)
+        # ``fail_step(kind, batch)`` True: that step raises WorkerFailure (recorded here).
+        self.fail_step: Callable[[str, object], bool] | None = None
+        self.failed_steps: list = []
         self.on_host: set[int] = set()
         self.executed: list[tuple[str, list[int]]] = []
         self.gpu = FakeGroup("gpu", self)

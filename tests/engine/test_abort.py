@@ -130,3 +130,33 @@ def test_gated_abort_between_selection_and_dispatch_waits_for_the_step():
         last = deltas[-1]
         assert last.error is None, last.error
         assert last.finish_reason == ("abort" if s.rid == aborted[0] else "length")
+
+
+def test_a_failed_step_carrying_a_swap_in_releases_both_ends():
+    """A GPU step that fails while it carries a swap-in: its requests fail with the error,
+    and neither the host source blocks (held until the step returns) nor the GPU
+    destination blocks leak; the others finish."""
+    async def main():
+        eng, workers = _engine(gpu_blocks=12, host_blocks=64, delay=0.002)
+        workers.fail_step = lambda kind, b: (kind == "gpu" and bool(b.swap_in)
+                                             and not workers.failed_steps)
+        eng.start()
+        try:
+            streams = [eng.add_request([5 + i] * 30, _params(12), 1000) for i in range(6)]
+            outs = await asyncio.wait_for(asyncio.gather(*(_drain(s) for s in streams)), 20)
+            assert len(workers.failed_steps) == 1, "no swap-in step was ever dispatched"
+            failed = {m.req_id for m in workers.failed_steps[0].swap_in}
+            failed |= {q.req_id for q in workers.failed_steps[0].seqs}
+            for s, deltas in zip(streams, outs):
+                end = deltas[-1]
+                if s.rid in failed:
+                    assert end.finish_reason == "abort" and "injected" in end.error
+                else:
+                    assert end.finish_reason == "length" and end.error is None
+            await asyncio.sleep(0.05)
+            assert eng.state.gpu_pool.num_used == 0 and eng.state.host_pool.num_used == 0
+            assert not eng.requests
+        finally:
+            await eng.stop()
+
+    asyncio.run(main())

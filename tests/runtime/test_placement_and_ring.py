@@ -17,7 +17,7 @@ def test_parse_cores_ranges_lists_and_duplicates():
     assert parse_cores(" 2 , 1,1,0-1 ") == [0, 1, 2]
 
 
-@pytest.mark.parametrize("bad", ["", ",", "3-1", "a", "1-", "-1", "0-2-4", "1.5", "0--1"])
+@pytest.mark.parametrize("bad", ["", ",", "3-1", "0,3-1", "a", "1-", "-1", "0-2-4", "1.5", "0--1"])
 def test_parse_cores_refuses_bad_input_with_a_clear_error(bad):
     with pytest.raises(ValueError, match="cores: expected"):
         parse_cores(bad)

@@ -176,6 +176,16 @@ def _host_kv(rt, blocks: list[int], n: int) -> list[tuple[torch.Tensor, torch.Te
     return out
 
 
+def _poison_host(rt, blocks: list[int]) -> None:
+    """NaN into ``blocks`` of every layer's K and V in every CPU rank's region."""
+    lay = rt.config.host_kv
+    for c in range(rt.config.cpu_tp):
+        k, v = lay.views(rt._segments["host_kv"], c * lay.size)
+        for i in range(lay.num_layers):
+            k[i][blocks] = float("nan")
+            v[i][blocks] = float("nan")
+
+
 def _hf_kv(hf, tokens: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     with torch.no_grad():
         cache = hf(torch.tensor([tokens]), use_cache=True).past_key_values
@@ -197,10 +207,13 @@ def test_host_kv_after_prefill_to_cpu_and_a_swap_round_trip_equals_transformers(
         await d.prefill_to_cpu(reqs)
         after_p2c = [_host_kv(rt, r.blocks, len(r.prompt)) for r in reqs]
         await d.cpu_step(reqs)
-        await d.swap_in(reqs[:1])
-        await d.gpu_step(reqs[:1])
-        await d.swap_out(reqs[:1])
-        r = reqs[0]
+        trip = reqs[-1:]  # the longest: its KV spans several blocks
+        src = list(trip[0].blocks)
+        await d.swap_in(trip)
+        _poison_host(rt, src)  # freed host blocks get reused: the swap-out must copy all
+        await d.gpu_step(trip)
+        await d.swap_out(trip)
+        r = trip[0]
         after_trip = _host_kv(rt, r.blocks, len(r.tokens) - 1)
         tokens = [list(q.tokens) for q in reqs]
         d.release(reqs)
@@ -211,7 +224,8 @@ def test_host_kv_after_prefill_to_cpu_and_a_swap_round_trip_equals_transformers(
         for (k, v), (hk, hv) in zip(got, _hf_kv(hf, p)):
             torch.testing.assert_close(k, hk, atol=1e-4, rtol=1e-4)
             torch.testing.assert_close(v, hv, atol=1e-4, rtol=1e-4)
-    assert len(tokens[0]) == len(prompts[0]) + 3  # P2C, CPU and GPU each sampled one
-    for (k, v), (hk, hv) in zip(after_trip, _hf_kv(hf, tokens[0][:-1])):
+    assert len(tokens[-1]) == len(prompts[-1]) + 3  # P2C, CPU and GPU each sampled one
+    assert len(tokens[-1]) - 1 > 2 * 16  # the swaps moved three blocks
+    for (k, v), (hk, hv) in zip(after_trip, _hf_kv(hf, tokens[-1][:-1])):
         torch.testing.assert_close(k, hk, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(v, hv, atol=1e-4, rtol=1e-4)
