@@ -67,12 +67,12 @@ BAD = [  # (path, method, raw body or JSON, expected status, expected param or N
 ]
 
 
-def _request(server, path, method, body, headers=None):
+def _request(server, path, method, body, headers=None, timeout=30):
     data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
     req = urllib.request.Request(server.url + path, data=data, method=method,
                                  headers={"Content-Type": "application/json", **(headers or {})})
     try:
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read() or b"null"), dict(r.headers)
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"null"), dict(e.headers)
@@ -163,14 +163,17 @@ def test_sigterm_drains_and_notifies(tiny_model, tmp_path):
     rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     rx.bind(sock_path)
     rx.settimeout(0.2)
-    s = ServerProcess(tiny_model, env={"NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "400000"})
+    # A drain long enough for a loaded 2-core machine: the test is that in-flight requests
+    # complete (the drain-timeout cut has its own test in test_failures.py).
+    s = ServerProcess(tiny_model, "--drain-timeout", "600",
+                      env={"NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "400000"})
     assert owned_segments(s.proc.pid), "the server created no segments"
     try:
         results = []
 
         def inflight():
-            results.append(_request(s, C, "POST", {"prompt": "hi", "max_tokens": 500,
-                                                   "ignore_eos": True}))
+            results.append(_request(s, C, "POST", {"prompt": "hi", "max_tokens": 300,
+                                                   "ignore_eos": True}, timeout=600))
 
         threads = [threading.Thread(target=inflight) for _ in range(4)]
         for t in threads:
@@ -191,12 +194,12 @@ def test_sigterm_drains_and_notifies(tiny_model, tmp_path):
         health = health[0]
         status, payload, _ = _request(s, C, "POST", {"prompt": "late"})
         for t in threads:
-            t.join(timeout=60)
+            t.join(timeout=600)
         assert status == 503 and "shutting down" in payload["error"]["message"]
         assert health == 503
         assert [r[0] for r in results] == [200] * 4
         assert all(r[1]["choices"][0]["finish_reason"] == "length" for r in results)
-        assert s.proc.wait(timeout=30) == 0
+        assert s.proc.wait(timeout=60) == 0
     finally:
         s.stop()
     msgs = []
