@@ -49,6 +49,9 @@ PLANTS = [
           "        rc = self._lib.dp_futex_wait(self._addr, expected, _timeout_ns(timeout))",
           "        rc = self._lib.dp_futex_wait(self._addr, expected + 1, 0)",
           ("tests/kernels/test_futex.py",)),
+    Plant("notify-blocks", "the systemd notify send blocks on a full receiver queue",
+          "dualpace/server/systemd.py", "                           | socket.SOCK_NONBLOCK) as s:",
+          "                           ) as s:", ("tests/server/test_systemd_notify.py",)),
     Plant("finish-leaks-swap-source", "a finished request's in-flight swap-in source blocks "
           "are never freed", "dualpace/engine/llm_engine.py",
           "            st.host_pool.free(r.pending_free)\n", "            pass\n",

@@ -39,12 +39,28 @@ async def _engine_alive(serving: ServingEngine, timeout: float = 5.0) -> bool:
 
 
 async def _watchdog(notifier: Notifier, serving: ServingEngine) -> None:
+    """WATCHDOG=1 every half period while the engine answers. An answer counts while
+    systemd's period since the last ping has not run out (a loaded machine answers late; a
+    stuck engine not at all), and the change to and from "not responding" is logged once,
+    not every period (a stuck engine must not flood the journal)."""
+    loop = asyncio.get_running_loop()
+    half = notifier.watchdog_interval
+    last, responding = loop.time(), True
     while True:
-        await asyncio.sleep(notifier.watchdog_interval)
-        if await _engine_alive(serving, timeout=notifier.watchdog_interval):
+        await asyncio.sleep(max(0.0, last + half - loop.time()))
+        budget = max(last + 2 * half - loop.time(), half)
+        if await _engine_alive(serving, timeout=budget):
             notifier.watchdog()
+            last = loop.time()
+            if not responding:
+                log.warning("engine responding again: watchdog pings resumed")
+                responding = True
         else:
-            log.error("engine not responding: withholding the watchdog ping")
+            if responding:
+                log.error("engine not responding within the watchdog period (%.1f s): "
+                          "withholding the watchdog ping", 2 * half)
+                responding = False
+            last = loop.time() - half  # retry after half a period
 
 
 async def serve(config: EngineConfig, host: str, port: int, model_name: str,

@@ -24,10 +24,14 @@ class Notifier:
         addr = self.address
         if addr.startswith("@"):
             addr = "\0" + addr[1:]
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+        # Non-blocking: a unix datagram send blocks while the receiver's queue is full (10
+        # datagrams by default), and a blocked send here would freeze the event loop that
+        # serves every request. A notification the reader has no room for is dropped.
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC
+                           | socket.SOCK_NONBLOCK) as s:
             try:
                 s.sendto("\n".join(lines).encode(), addr)
-            except OSError:
+            except OSError:  # BlockingIOError included
                 return False
         return True
 

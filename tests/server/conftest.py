@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -34,10 +35,16 @@ class ServerProcess:
              "--cpu-kv-gib", "0.05", "--served-model-name", "tiny", *flags],
             env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True)
+        # Read the server's output all the time: an unread pipe fills (64 KiB) and then
+        # blocks the server's event loop on its next log line.
+        self.output: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.proc.stdout.read()}")
+                self._reader.join(timeout=5)
+                raise RuntimeError(f"server exited: {''.join(self.output)}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
                     if r.status == 200:
@@ -45,6 +52,10 @@ class ServerProcess:
             except OSError:
                 time.sleep(0.1)
         raise RuntimeError("server did not become healthy")
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.output.append(line)
 
     def get_json(self, path: str):
         with urllib.request.urlopen(self.url + path, timeout=10) as r:
