@@ -1,8 +1,10 @@
 """POSIX shared-memory segments and the private runtime directory of one server instance.
 
-Names are unique per instance (``/dualpace-<pid>-<token>-<what>``), segments are created
-0600, and a start-up sweep removes what a dead instance (its pid gone) left behind in
-/dev/shm and in the runtime base directory.
+Names are unique per instance (``/dualpace-<pid>-<start>-<token>-<what>``), segments are
+created 0600, and a start-up sweep removes what a dead instance left behind in /dev/shm and
+in the runtime base directory. An instance is its supervisor's pid *and* that process's
+start time (/proc/<pid>/stat field 22), so neither a reused pid nor a zombie (dead, its
+entry not yet reaped) keeps a dead instance's segments alive.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ log = logging.getLogger("dualpace.runtime")
 
 SHM_DIR = Path("/dev/shm")
 _PREFIX = "dualpace-"
-_NAME_RE = re.compile(r"^dualpace-(\d+)-[0-9a-f]+(?:-.*)?$")
+_NAME_RE = re.compile(r"^dualpace-(\d+)-(\d+)-[0-9a-f]+(?:-.*)?$")
 
 
 def process_alive(pid: int) -> bool:
@@ -37,18 +39,37 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+def process_start_time(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks after boot), or None if it is gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": field 3 onwards
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])  # field 22: starttime
+
+
+def instance_alive(pid: int, start: int) -> bool:
+    """The instance tagged (pid, start) still runs: that very process, not a pid reuse."""
+    return process_start_time(pid) == start
+
+
 def runtime_base() -> Path:
     return Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
 
 
 def sweep_stale() -> list[str]:
-    """Remove segments and runtime dirs whose owning instance's process is gone."""
+    """Remove segments and runtime dirs whose owning instance is gone (its process exited,
+    is a zombie, or its pid now belongs to a process that started later). Names that are
+    not this format's are left alone."""
     removed = []
     candidates = [(p, p.name) for p in SHM_DIR.glob(_PREFIX + "*")] if SHM_DIR.is_dir() else []
     candidates += [(p, p.name) for p in runtime_base().glob(_PREFIX + "*") if p.is_dir()]
     for path, name in candidates:
         m = _NAME_RE.match(name)
-        if not m or process_alive(int(m.group(1))):
+        if not m or instance_alive(int(m.group(1)), int(m.group(2))):
             continue
         with contextlib.suppress(OSError, posix_ipc.ExistentialError):  # raced another sweep
             if path.is_dir():
@@ -66,7 +87,8 @@ class Instance:
     """Names and the 0700 runtime directory of one server instance."""
 
     def __init__(self):
-        self.tag = f"{_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+        pid = os.getpid()
+        self.tag = f"{_PREFIX}{pid}-{process_start_time(pid)}-{secrets.token_hex(4)}"
         self.runtime_dir = runtime_base() / self.tag
         self.runtime_dir.mkdir(mode=0o700)
         self.segments: list[Segment] = []

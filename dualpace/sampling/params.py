@@ -61,8 +61,8 @@ class SamplingParams:
                f"must be in (0, 1], got {self.top_p!r}")
         _check(_is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 0), "top_k",
                f"must be -1 (disabled), 0 (disabled) or a positive integer, got {self.top_k!r}")
-        _check(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**63), "seed",
-               f"must be an integer in [0, 2^63), got {self.seed!r}")
+        _check(self.seed is None or (_is_int(self.seed) and -(2**63) <= self.seed < 2**63),
+               "seed", f"must be a 64-bit signed integer, got {self.seed!r}")
         _check(self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
                "max_tokens", f"must be a positive integer, got {self.max_tokens!r}")
         _check(isinstance(self.ignore_eos, bool), "ignore_eos", "must be a boolean")

@@ -25,9 +25,12 @@ from dualpace.server.requests import (
     chat_prompt,
     check_model,
     completion_prompts,
+    flag,
     sampling_params,
     stream_flags,
 )
+from dualpace.server.tokenize import detokenize, tokenize
+from dualpace.server.unsupported import reject_unsupported
 
 log = logging.getLogger("dualpace.server")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -49,10 +52,13 @@ class Server:
         self.draining = False
         self.created = int(time.time())
         self.max_body = max_body_bytes
+        self.vocab_size = serving.model_config.vocab_size
         self.app = web.Application(middlewares=[self._errors, self._auth],
                                    client_max_size=max_body_bytes)
         self.app.router.add_post("/v1/completions", self.completions)
         self.app.router.add_post("/v1/chat/completions", self.chat)
+        self.app.router.add_post("/tokenize", self.tokenize)
+        self.app.router.add_post("/detokenize", self.detokenize)
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_get("/health", self.health)
         self.app.router.add_get("/metrics", self.metrics)
@@ -139,74 +145,89 @@ class Server:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         model = check_model(body, self.model_name)
+        reject_unsupported(body, chat=False)
         prompts = completion_prompts(body, self.serving.tokenizer)
-        params = sampling_params(body, 16)
-        stream, include_usage = stream_flags(body)
+        params = sampling_params(body, 16, vocab_size=self.vocab_size)
+        flags = stream_flags(body)
+        ids = flag(body, "return_token_ids", False)
         self._admit(len(prompts))
         streams = self._start(prompts, params)
         meta = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()),
                 "model": model}
 
-        def choice(i, delta):
-            return {"index": i, "text": delta.text, "logprobs": None,
-                    "finish_reason": delta.finish_reason if delta.finished else None,
-                    "stop_reason": None}
+        def choice(i, text, reason, token_ids, first):
+            c = {"index": i, "text": text, "logprobs": None, "finish_reason": reason,
+                 "stop_reason": None, "prompt_logprobs": None}
+            if ids:
+                c["token_ids"] = token_ids
+                if first:
+                    c["prompt_token_ids"] = prompts[i]
+            return c
 
-        if stream:
-            return await self._stream(request, streams, meta, "text_completion", choice,
-                                      include_usage, chat=False)
+        if flags.stream:
+            return await self._stream(request, streams, meta, "text_completion", choice, flags,
+                                      chat=False)
         outs = await self._collect(streams, "completion")
-        usage = self._usage(streams)
         return web.json_response({**meta, "object": "text_completion", "choices": [
-            {"index": i, "text": text, "logprobs": None, "finish_reason": reason,
-             "stop_reason": None} for i, (text, reason) in enumerate(outs)], "usage": usage})
+            choice(i, text, reason, tids, True) for i, (text, reason, tids) in enumerate(outs)],
+            "usage": self._usage(streams)})
 
     # --- /v1/chat/completions ------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         model = check_model(body, self.model_name)
+        reject_unsupported(body, chat=True)
         prompt = chat_prompt(body, self.serving.tokenizer)
-        params = sampling_params(body, None, ("max_tokens", "max_completion_tokens"))
-        stream, include_usage = stream_flags(body)
+        params = sampling_params(body, None, ("max_tokens", "max_completion_tokens"),
+                                 vocab_size=self.vocab_size)
+        flags = stream_flags(body)
+        ids = flag(body, "return_token_ids", False)
         self._admit(1)
         streams = self._start([prompt], params)
         meta = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()),
                 "model": model}
-        sent_role = [False]
 
-        def choice(i, delta):
-            d = {"content": delta.text}
-            if not sent_role[0]:
-                d = {"role": "assistant", **d}
-                sent_role[0] = True
-            return {"index": i, "delta": d, "logprobs": None,
-                    "finish_reason": delta.finish_reason if delta.finished else None}
+        def choice(i, text, reason, token_ids, first):
+            d = {"role": "assistant", "content": text} if first else {"content": text}
+            c = {"index": i, "delta": d, "logprobs": None, "finish_reason": reason}
+            if ids:
+                c["token_ids"] = token_ids
+            return c
 
-        if stream:
+        # vLLM puts the chat prompt's ids beside the choices, in the first chunk only.
+        first_meta = {"prompt_token_ids": prompt} if ids else {}
+        if flags.stream:
             return await self._stream(request, streams, meta, "chat.completion.chunk", choice,
-                                      include_usage, chat=True)
-        (text, reason), = await self._collect(streams, "chat")
-        return web.json_response({**meta, "object": "chat.completion", "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-             "finish_reason": reason}], "usage": self._usage(streams)})
+                                      flags, chat=True, first_meta=first_meta)
+        (text, reason, tids), = await self._collect(streams, "chat")
+        c = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+             "finish_reason": reason, "stop_reason": None}
+        if ids:
+            c["token_ids"] = tids
+        return web.json_response({**meta, "object": "chat.completion", "choices": [c],
+                                  "usage": self._usage(streams), "prompt_logprobs": None,
+                                  **first_meta})
 
     # --- shared response paths -----------------------------------------------------------------
     @staticmethod
     def _usage(streams) -> dict:
+        """OpenAI's usage; there is no prefix cache, so no prompt token is ever cached."""
         p = sum(s.num_prompt_tokens for s in streams)
         c = sum(s.num_output_tokens for s in streams)
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+                "prompt_tokens_details": {"cached_tokens": 0}}
 
-    async def _collect(self, streams, kind: str) -> list[tuple[str, str]]:
+    async def _collect(self, streams, kind: str) -> list[tuple[str, str, list[int]]]:
         t0 = time.monotonic()
 
         async def one(s):
-            text, reason, first, error = [], None, None, None
+            text, reason, first, error, tids = [], None, None, None, []
             try:
                 async for d in s:
                     if first is None and d.token_ids:
                         first = time.monotonic()
                     text.append(d.text)
+                    tids.extend(d.token_ids)
                     if d.finished:
                         reason, error = d.finish_reason, d.error
                         s.last_reason = reason
@@ -216,15 +237,22 @@ class Server:
                 self._done(s, t0, first, kind)
             if error:
                 raise APIError(503, f"request failed: {error}", headers={"Retry-After": "1"})
-            return "".join(text), reason
+            return "".join(text), reason, tids
 
         return list(await asyncio.gather(*(one(s) for s in streams)))
 
-    async def _stream(self, request, streams, meta, obj: str, choice, include_usage: bool,
-                      chat: bool) -> web.StreamResponse:
+    async def _stream(self, request, streams, meta, obj: str, choice, flags, chat: bool,
+                      first_meta: dict | None = None) -> web.StreamResponse:
+        """SSE chunks: ``choice(i, text, reason, token_ids, first)`` per shown delta. Token
+        ids of held-back deltas (no text yet) travel with the next shown one; with
+        continuous usage every chunk carries the usage so far."""
         resp = web.StreamResponse(headers=SSE_HEADERS)
         t0 = time.monotonic()
         firsts: dict[int, float] = {}
+        pending: dict[int, list[int]] = {i: [] for i in range(len(streams))}
+        shown: set[int] = set()
+        extra = dict(first_meta or {})
+        continuous = flags.include_usage and flags.continuous_usage
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(i, s):
@@ -250,10 +278,19 @@ class Server:
                     firsts[s.rid] = time.monotonic()
                 if d.finished:
                     s.last_reason = d.finish_reason
+                pending[i].extend(d.token_ids)
                 if not d.text and not d.finished:
                     continue  # a held-back token: nothing to show yet
-                await resp.write(_sse({**meta, "object": obj, "choices": [choice(i, d)]}))
-            if include_usage:
+                c = choice(i, d.text, d.finish_reason if d.finished else None, pending[i],
+                           i not in shown)
+                shown.add(i)
+                pending[i] = []
+                chunk = {**meta, "object": obj, "choices": [c], **extra}
+                extra = {}
+                if continuous:
+                    chunk["usage"] = self._usage(streams)
+                await resp.write(_sse(chunk))
+            if flags.include_usage:
                 await resp.write(_sse({**meta, "object": obj, "choices": [],
                                        "usage": self._usage(streams)}))
             await resp.write(b"data: [DONE]\n\n")
@@ -267,6 +304,18 @@ class Server:
                     self.serving.abort(s.rid)
                 self._done(s, t0, firsts.get(s.rid), "chat" if chat else "completion")
         return resp
+
+    # --- /tokenize, /detokenize ---------------------------------------------------------------
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        check_model(body, self.model_name)
+        return web.json_response(tokenize(body, self.serving.tokenizer,
+                                          self.serving.max_model_len))
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        check_model(body, self.model_name)
+        return web.json_response(detokenize(body, self.serving.tokenizer, self.vocab_size))
 
     # --- GET routes ---------------------------------------------------------------------------
     async def models(self, request: web.Request) -> web.Response:

@@ -3,6 +3,8 @@ unknown fields are ignored, every malformed or out-of-range field is a 400 namin
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from dualpace.sampling.params import SamplingParams
 from dualpace.server.errors import APIError, bad_request
 
@@ -23,10 +25,14 @@ def _opt(body: dict, name: str, kind, default):
 
 
 def sampling_params(body: dict, max_tokens_default: int | None,
-                    names: tuple[str, ...] = ("max_tokens",)) -> SamplingParams:
+                    names: tuple[str, ...] = ("max_tokens",),
+                    vocab_size: int | None = None) -> SamplingParams:
     n = _opt(body, "n", "int", 1)
+    if n < 1:
+        raise bad_request(f"'n' must be at least 1, got {n}", "n")
     if n != 1:
-        raise bad_request("only n=1 is supported", "n")
+        raise bad_request("'n' above 1 is not supported by this server; send one request per "
+                          "sample (a 'seed' each makes them reproducible)", "n")
     max_tokens = max_tokens_default
     for name in names:
         v = _opt(body, name, "int", None)
@@ -42,6 +48,10 @@ def sampling_params(body: dict, max_tokens_default: int | None,
     if stop_ids is not None and not (isinstance(stop_ids, list) and all(
             _is_int(t) for t in stop_ids)):
         raise bad_request("'stop_token_ids' must be a list of integers", "stop_token_ids")
+    for t in stop_ids or ():
+        if t < 0 or (vocab_size is not None and t >= vocab_size):
+            raise bad_request(f"stop_token_ids contains token id {t}, which is outside the "
+                              f"vocabulary [0, {vocab_size})", "stop_token_ids")
     try:
         return SamplingParams(
             n=1,
@@ -59,18 +69,32 @@ def sampling_params(body: dict, max_tokens_default: int | None,
         raise bad_request(str(e), field) from None
 
 
-def stream_flags(body: dict) -> tuple[bool, bool]:
+@dataclass(frozen=True)
+class StreamFlags:
+    stream: bool
+    include_usage: bool  # a final chunk with the usage
+    continuous_usage: bool  # usage so far in every chunk (vLLM's continuous_usage_stats)
+
+
+def stream_flags(body: dict) -> StreamFlags:
     stream = _opt(body, "stream", "bool", False)
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise bad_request("'stream_options' must be an object", "stream_options")
-    include_usage = False
-    if opts:
-        include_usage = opts.get("include_usage", False)
-        if not isinstance(include_usage, bool):
-            raise bad_request("'stream_options.include_usage' must be a boolean",
-                              "stream_options")
-    return stream, include_usage
+    if opts is not None and not stream:
+        raise bad_request("Stream options can only be defined when `stream=True`.",
+                          "stream_options")
+    flags = {}
+    for key in ("include_usage", "continuous_usage_stats"):
+        v = (opts or {}).get(key)
+        if v is not None and not isinstance(v, bool):
+            raise bad_request(f"'stream_options.{key}' must be a boolean", "stream_options")
+        flags[key] = bool(v)
+    return StreamFlags(stream, flags["include_usage"], flags["continuous_usage_stats"])
+
+
+def flag(body: dict, name: str, default: bool) -> bool:
+    return _opt(body, name, "bool", default)
 
 
 def check_model(body: dict, served: str) -> str:
@@ -107,13 +131,18 @@ def completion_prompts(body: dict, tokenizer) -> list[list[int]]:
 
 
 def chat_prompt(body: dict, tokenizer) -> list[int]:
+    """The chat template's prompt, tokenized; ``add_generation_prompt`` (default true) and
+    ``add_special_tokens`` (default false: the template carries BOS) as vLLM reads them."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise bad_request("'messages' must be a non-empty list", "messages")
     norm = []
-    for m in msgs:
+    for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad_request("each message needs a string 'role'", "messages")
+        # Only an assistant turn may omit content (it then carried tool calls elsewhere).
+        if "content" not in m and m["role"] != "assistant":
+            raise bad_request(f"messages[{i}] ({m['role']!r}) has no 'content'", "messages")
         content = m.get("content")
         if isinstance(content, list):
             parts = []
@@ -129,7 +158,10 @@ def chat_prompt(body: dict, tokenizer) -> list[int]:
             raise bad_request("message 'content' must be a string or a list of text parts",
                               "messages")
         norm.append({"role": m["role"], "content": content})
+    gen = flag(body, "add_generation_prompt", True)
+    special = flag(body, "add_special_tokens", False)
     try:
-        return tokenizer.encode_chat(norm, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(norm, add_generation_prompt=gen)
+        return tokenizer.encode(text, add_special_tokens=special)
     except ValueError as e:
         raise bad_request(str(e), "messages") from None

@@ -43,6 +43,10 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary string of ``token_id`` (byte-level forms as the vocabulary has them)."""
+        return self._tok.id_to_token(token_id)
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
