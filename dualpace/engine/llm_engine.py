@@ -240,7 +240,8 @@ class LLMEngine:
             self.state.host_pool.free(m.req.pending_free)
             m.req.pending_free = []
             self.metrics.inc("dualpace:kv_migrations_total", kind="swap-in")
-        for row, token in zip(rows, done.tokens):
+        lps = done.logprobs or [None] * len(done.tokens)
+        for row, token, lp in zip(rows, done.tokens, lps):
             r = row.req
             r.in_flight = None
             if row.kind == "prefill":
@@ -257,7 +258,7 @@ class LLMEngine:
                 r.ready = True
             else:
                 r.computed = r.num_tokens
-            self._append_token(r, token, "gpu", now)
+            self._append_token(r, token, "gpu", now, lp)
         for m in plan.swap_out + plan.swap_in:
             self._settle_abort(m.req)
         self._update_cpu_readiness(now)  # swap-outs and Prefill-to-CPU became ready
@@ -300,10 +301,11 @@ class LLMEngine:
             self.metrics.inc("dualpace:dense_assist_calls_total", done.assist_calls,
                              route=done.route)
         emitted = False
-        for r, token in zip(list(reqs), done.tokens):
+        lps = done.logprobs or [None] * len(done.tokens)
+        for r, token, lp in zip(list(reqs), done.tokens, lps):
             r.in_flight = None
             r.computed = r.num_tokens
-            emitted |= self._append_token(r, token, "cpu", now)
+            emitted |= self._append_token(r, token, "cpu", now, lp)
         if emitted:  # one emission per CPU step: Figure 1's curve rises once per step
             gap = self.stall.emitted(now)
             if gap is not None:
@@ -360,8 +362,10 @@ class LLMEngine:
         for msg in self.wire.introductions(kind, reqs):
             group.send(msg)
 
-    def _append_token(self, r: EngineRequest, token: int, engine: str, now: float) -> bool:
-        """Appends ``token`` to ``r`` unless an abort is pending; True if it was appended."""
+    def _append_token(self, r: EngineRequest, token: int, engine: str, now: float,
+                      logprobs=None) -> bool:
+        """Appends ``token`` to ``r`` unless an abort is pending; True if it was appended.
+        ``logprobs``: the sampling worker's, passed through to the stream untouched."""
         if r.abort_requested:
             self._finish(r, r.abort_requested)
             return False
@@ -381,9 +385,9 @@ class LLMEngine:
         elif len(r.out) >= r.max_tokens:
             reason = "length"
         if reason:
-            self._finish(r, reason, new=[token])
+            self._finish(r, reason, new=[token], logprobs=[logprobs])
         else:
-            self._events.put_nowait(TokenEvent(r.rid, [token]))
+            self._events.put_nowait(TokenEvent(r.rid, [token], logprobs=[logprobs]))
         return True
 
     # --- CPU-tier stalls (Figure 1) ------------------------------------------------------------
@@ -406,7 +410,8 @@ class LLMEngine:
             self._finish(r, r.abort_requested)
 
     def _finish(self, r: EngineRequest, reason: str, error: str | None = None,
-                new: list[int] | None = None, release: bool = True) -> None:
+                new: list[int] | None = None, release: bool = True,
+                logprobs: list | None = None) -> None:
         if r.finished:
             return
         st = self.state
@@ -431,7 +436,8 @@ class LLMEngine:
         self.metrics.inc("dualpace:request_success_total", finished_reason=reason)
         self.metrics.observe("dualpace:e2e_request_latency_seconds",
                              self.clock() - r.arrival)
-        self._events.put_nowait(TokenEvent(r.rid, new or [], finish_reason=reason, error=error))
+        self._events.put_nowait(TokenEvent(r.rid, new or [], finish_reason=reason, error=error,
+                                           logprobs=logprobs or [None] * len(new or [])))
         if r.owner is Owner.CPU:
             self._update_cpu_readiness()
         self._wake()

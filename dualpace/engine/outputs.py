@@ -22,6 +22,7 @@ class TokenEvent:
     tokens: list[int]
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: list = field(default_factory=list)  # per token: the worker's logprobs or None
 
 
 @dataclass
@@ -30,6 +31,7 @@ class CompletionDelta:
 
     text: str
     token_ids: list[int]
+    logprobs: list = field(default_factory=list)  # aligned with token_ids (None: not asked)
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
@@ -100,7 +102,9 @@ class RequestStream:
             return None, False
         if finished:
             self.closed = True
-        return CompletionDelta(text=text, token_ids=list(ev.tokens), finished=finished,
+        lps = ev.logprobs if len(ev.logprobs) == len(ev.tokens) else [None] * len(ev.tokens)
+        return CompletionDelta(text=text, token_ids=list(ev.tokens), logprobs=list(lps),
+                               finished=finished,
                                finish_reason=reason, error=ev.error,
                                num_prompt_tokens=self.num_prompt_tokens,
                                num_output_tokens=self.num_output_tokens), hit

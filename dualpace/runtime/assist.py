@@ -37,6 +37,7 @@ from dualpace.runtime.layouts import (
     AssistLayout,
 )
 from dualpace.runtime.shm import process_alive
+from dualpace.sampling.logprobs import TokenLogprobs
 from dualpace.sampling.sampler import SamplingRow
 
 SPIN = 4000  # pause iterations (~10-100 µs) before sleeping in the kernel
@@ -74,7 +75,8 @@ class AssistChannel:
              peer_alive: Callable[[], bool], timeout: float = 600.0, rank: int = 0,
              size: int = 1, waits: list[float] | None = None, positions=None, ids=None):
         """Run one assisted stage; returns hidden [b, H] (OP_POST_ATTN, OP_ECHO), the
-        sampled tokens [b] (OP_POST_LAYER, OP_POST_ATTN_FINAL), or (hidden, q, k, v) with
+        sampled tokens and their logprobs, (list[int], list[TokenLogprobs | None])
+        (OP_POST_LAYER, OP_POST_ATTN_FINAL), or (hidden, q, k, v) with
         this rank's heads (OP_NEO_PRE, OP_NEO_MID). ``attn`` is this rank's columns of the
         attention output. ``waits`` (the profiler) gets the CPU-visible wait W: from
         publishing CPU-Ready to seeing GPU-Done, without the buffer movement on either side
@@ -124,7 +126,28 @@ class AssistChannel:
                     self.buf["q_out"][:b, rank * qc:(rank + 1) * qc].clone(),
                     self.buf["k_out"][:b, rank * kc:(rank + 1) * kc].clone(),
                     self.buf["v_out"][:b, rank * kc:(rank + 1) * kc].clone())
-        return self.buf["tokens_out"][:b].clone()
+        tokens = self.buf["tokens_out"][:b].tolist()
+        return tokens, self._read_logprobs(b)
+
+    def _read_logprobs(self, b: int) -> list[TokenLogprobs | None]:
+        ks = self.buf["logprobs_k"][:b].tolist()
+        if all(k < 0 for k in ks):
+            return [None] * b
+        vals, ids = self.buf["lp_out"][:b].tolist(), self.buf["lp_ids"][:b].tolist()
+        return [None if k < 0 else TokenLogprobs(vals[i][0], tuple(ids[i][:k]),
+                                                 tuple(vals[i][1:1 + k]))
+                for i, k in enumerate(ks)]
+
+    def write_outputs(self, tokens: list[int], lps: list[TokenLogprobs | None]) -> None:
+        """GPU side of a sampling op: the tokens and, for rows that asked, their logprobs."""
+        b = len(tokens)
+        self.buf["tokens_out"][:b] = torch.tensor(tokens, dtype=torch.int64)
+        for i, lp in enumerate(lps):
+            if lp is not None:
+                k = len(lp.top_ids)
+                self.buf["lp_out"][i, 0] = lp.logprob
+                self.buf["lp_out"][i, 1:1 + k] = torch.tensor(lp.top_logprobs)
+                self.buf["lp_ids"][i, :k] = torch.tensor(lp.top_ids, dtype=torch.int64)
 
     def stage_inputs(self, op: int, layer: int, hidden: torch.Tensor | None,
                      attn: torch.Tensor | None, rows: list[SamplingRow] | None,
@@ -172,6 +195,7 @@ class AssistChannel:
         self.buf["top_k"][:b] = torch.tensor([r.top_k for r in rows], dtype=torch.int32)
         self.buf["out_index"][:b] = torch.tensor([r.step for r in rows], dtype=torch.int32)
         self.buf["seed"][:b] = torch.tensor([r.seed for r in rows], dtype=torch.int64)
+        self.buf["logprobs_k"][:b] = torch.tensor([r.logprobs for r in rows], dtype=torch.int32)
 
     # --- GPU side -------------------------------------------------------------------------
     def ready(self) -> bool:
@@ -205,7 +229,8 @@ class AssistChannel:
         k = self.buf["top_k"][:b].tolist()
         idx = self.buf["out_index"][:b].tolist()
         seed = self.buf["seed"][:b].tolist()
-        return [SamplingRow(t[i], p[i], k[i], seed[i], idx[i]) for i in range(b)]
+        lk = self.buf["logprobs_k"][:b].tolist()
+        return [SamplingRow(t[i], p[i], k[i], seed[i], idx[i], lk[i]) for i in range(b)]
 
 
 def pid_alive(pid: int) -> Callable[[], bool]:

@@ -24,7 +24,7 @@ from dualpace.runtime.layouts import (
     OP_POST_ATTN_FINAL,
     OP_POST_LAYER,
 )
-from dualpace.runtime.protocol import CpuBatch, StepDone
+from dualpace.runtime.protocol import CpuBatch, StepDone, wire_logprobs
 from dualpace.runtime.routing import (
     FULL_CPU,
     FUSED_ASSIST,
@@ -34,7 +34,7 @@ from dualpace.runtime.routing import (
     route_for,
 )
 from dualpace.runtime.worker_state import RequestTable
-from dualpace.sampling.sampler import sample
+from dualpace.sampling.sampler import sample_with_logprobs
 
 
 class HostKV:
@@ -93,7 +93,7 @@ class CpuWorker:
         calls = 0
         n = m.cfg.num_layers
         hidden = m.pre_layer(fb.input_ids)
-        tokens = None
+        tokens, lps = None, []
         attn_s = 0.0
         for i in range(n):
             q = m.pre_attention(i, hidden, fb, self.kv)
@@ -106,19 +106,19 @@ class CpuWorker:
                 hidden = self._assist(OP_POST_ATTN, i, hidden, attn, None)
                 calls += 1
             else:
-                tokens = self._assist(OP_POST_ATTN_FINAL, i, hidden, attn, rows).tolist()
+                tokens, lps = self._assist(OP_POST_ATTN_FINAL, i, hidden, attn, rows)
                 calls += 1
         last = hidden[fb.logits_indices] if tokens is None else None
         if route == FULL_CPU:
-            tokens = sample(m.post_layer(last), rows)
+            tokens, lps = sample_with_logprobs(m.post_layer(last), rows)
         elif route == SPLIT_FINAL:
-            tokens = self._assist(OP_POST_LAYER, n - 1, last, None, rows).tolist()
+            tokens, lps = self._assist(OP_POST_LAYER, n - 1, last, None, rows)
             calls += 1
         self.steps += 1
         self.assist_calls += calls
         self.routes[route] += 1
-        return StepDone(step_id=msg.step_id, tokens=tokens, route=route, assist_calls=calls,
-                        attn_us=int(attn_s * 1e6))
+        return StepDone(step_id=msg.step_id, tokens=tokens, logprobs=wire_logprobs(lps),
+                        route=route, assist_calls=calls, attn_us=int(attn_s * 1e6))
 
     def _run_pipelined(self, msg: CpuBatch, rows) -> StepDone:
         """The gated baseline's CPU step as NEO runs it (paper §3.1, Figure 4): the GPU runs
@@ -159,13 +159,16 @@ class CpuWorker:
                 ch.post(ops[j], i, hidden, attn.float(), srows if i == n - 1 else None, rank,
                         size, positions=sfb.positions)
                 calls += 1
-        tokens = []
+        tokens, lps = [], []
         for (sfb, _, ch), op in zip(subs, ops):
-            tokens += ch.collect(op, sfb.num_rows, alive, rank=rank, size=size).tolist()
+            t, lp = ch.collect(op, sfb.num_rows, alive, rank=rank, size=size)
+            tokens += t
+            lps += lp
         self.steps += 1
         self.assist_calls += calls
         self.routes[NEO_PIPELINE] += 1
-        return StepDone(step_id=msg.step_id, tokens=tokens, route=NEO_PIPELINE,
+        return StepDone(step_id=msg.step_id, tokens=tokens, logprobs=wire_logprobs(lps),
+                        route=NEO_PIPELINE,
                         assist_calls=calls, attn_us=int(attn_s * 1e6))
 
     def _assist(self, op, layer, hidden, attn, rows):

@@ -29,10 +29,11 @@ from dualpace.runtime.protocol import (
     ProfileDone,
     SeqStep,
     StepDone,
+    wire_logprobs,
 )
 from dualpace.runtime.tp_control import BOUNDARY, IDLE, DecisionLog
 from dualpace.runtime.worker_state import RequestTable
-from dualpace.sampling.sampler import sample
+from dualpace.sampling.sampler import sample_with_logprobs
 
 
 class StagingKV:
@@ -221,8 +222,7 @@ class GpuWorker:
         if op == OP_POST_ATTN:
             ch.buf["hidden_out"][:rows].copy_(h.float())
             return
-        tokens = sample(m.post_layer(h), ch.sampling_rows(rows))
-        ch.buf["tokens_out"][:rows] = torch.tensor(tokens, dtype=torch.int64)
+        ch.write_outputs(*sample_with_logprobs(m.post_layer(h), ch.sampling_rows(rows)))
 
     # --- migrations -----------------------------------------------------------------------
     def _copy_layer(self, i: int, src_ids: list[int], dst_ids: list[int], to_host: bool,
@@ -263,7 +263,7 @@ class GpuWorker:
         self.ops.synchronize()
         main = [s for s in msg.seqs if not s.host_blocks]
         to_cpu = [s for s in msg.seqs if s.host_blocks]
-        tokens: dict[int, int] = {}
+        tokens: dict[int, tuple] = {}
         if main:
             self.requests.apply_blocks(main)
             tokens.update(self._forward(main, self.kv, None))
@@ -271,11 +271,9 @@ class GpuWorker:
             tokens.update(self._forward(to_cpu, self.staging, self._staging_tables(to_cpu)))
             ready.extend(s.req_id for s in to_cpu)
         self.steps += 1
-        return StepDone(
-            step_id=msg.step_id,
-            tokens=[tokens.get(id(s), -1) for s in msg.seqs],
-            ready=ready,
-        )
+        out = [tokens.get(id(s), (-1, None)) for s in msg.seqs]
+        return StepDone(step_id=msg.step_id, tokens=[t for t, _ in out],
+                        logprobs=wire_logprobs([lp for _, lp in out]), ready=ready)
 
     def _staging_tables(self, seqs: list[SeqStep]) -> list[list[int]]:
         bs, nxt, tables = self.block_size, 0, []
@@ -294,8 +292,9 @@ class GpuWorker:
                              f"the staging area has {self.staging.num_blocks}")
         return tables
 
-    def _forward(self, seqs: list[SeqStep], kv, staging_tables) -> dict[int, int]:
-        """Stage tasks of one sub-batch; returns id(seq) -> sampled token for sampling rows."""
+    def _forward(self, seqs: list[SeqStep], kv, staging_tables) -> dict[int, tuple]:
+        """Stage tasks of one sub-batch; returns id(seq) -> (sampled token, its logprobs or
+        None) for sampling rows."""
         m = self.model
         if staging_tables is None:
             fb = self.requests.forward_batch(seqs, self.block_size, m.device)
@@ -317,6 +316,6 @@ class GpuWorker:
         if not sampling:
             return {}
         rows = fb.logits_indices[[j for j, _ in sampling]]
-        toks = sample(m.post_layer(hidden[rows]),
-                      self.requests.sampling_rows([s for _, s in sampling]))
-        return {id(s): t for (_, s), t in zip(sampling, toks)}
+        toks, lps = sample_with_logprobs(m.post_layer(hidden[rows]),
+                                         self.requests.sampling_rows([s for _, s in sampling]))
+        return {id(s): (t, lp) for (_, s), t, lp in zip(sampling, toks, lps)}

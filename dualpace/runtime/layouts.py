@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dualpace.sampling.params import MAX_LOGPROBS
+
 ALIGN = 64  # cache line: no two processes' hot words share one
 
 
@@ -134,6 +136,9 @@ class AssistLayout:
             ("out_index", (r,), torch.int32),
             ("seed", (r,), torch.int64),
             ("tokens_out", (r,), torch.int64),
+            ("logprobs_k", (r,), torch.int32),  # -1: none
+            ("lp_out", (r, 1 + MAX_LOGPROBS), torch.float32),  # sampled, then the top k
+            ("lp_ids", (r, MAX_LOGPROBS), torch.int64),
             ("ids_in", (r,), torch.int64),
             ("pos_in", (r,), torch.int64),
             ("q_out", (r, self.attn_dim), torch.float32),

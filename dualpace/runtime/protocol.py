@@ -28,6 +28,7 @@ class SamplingSpec(msgspec.Struct, array_like=True, gc=False):
     top_p: float
     top_k: int
     seed: int
+    logprobs: int = -1  # k: the sampled token's logprob and the top k; -1: none
 
 
 class NewRequest(_Msg, tag=1):
@@ -107,12 +108,22 @@ class ProfileAssist(_Msg, tag=5):
 
 
 # --- worker -> engine (data-plane ring) ----------------------------------------------------
+class Logprobs(msgspec.Struct, array_like=True, gc=False):
+    """A sampled token's logprob and the k most likely tokens' (sampling/logprobs.py)."""
+
+    logprob: float
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
 class StepDone(_Msg, tag=10):
     """tokens[i] is the token sampled for seqs[i] of the step (-1 where it sampled none);
+    logprobs[i] its logprobs where the request asked for them (empty when none did);
     ready: requests whose KV transfer (swap, Prefill-to-CPU) completed in this step."""
 
     step_id: int
     tokens: list[int] = []
+    logprobs: list[Logprobs | None] = []
     ready: list[int] = []
     route: str = ""
     assist_calls: int = 0
@@ -216,6 +227,14 @@ _enc = msgspec.msgpack.Encoder()
 to_worker_decoder = msgspec.msgpack.Decoder(EngineToWorker)
 to_engine_decoder = msgspec.msgpack.Decoder(WorkerToEngine)
 control_decoder = msgspec.msgpack.Decoder(Control)
+
+
+def wire_logprobs(lps) -> list[Logprobs | None]:
+    """TokenLogprobs (or None) per row -> the wire form; [] when no row has any."""
+    if all(x is None for x in lps):
+        return []
+    return [None if x is None else Logprobs(x.logprob, list(x.top_ids), list(x.top_logprobs))
+            for x in lps]
 
 
 def encode(msg: msgspec.Struct) -> bytes:

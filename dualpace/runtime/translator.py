@@ -33,7 +33,7 @@ class Translator:
                 p = r.params
                 msgs.append(P.NewRequest(req_id=r.rid, sampling=P.SamplingSpec(
                     temperature=float(p.temperature), top_p=float(p.top_p), top_k=int(p.top_k),
-                    seed=r.seed)))
+                    seed=r.seed, logprobs=-1 if p.logprobs is None else p.logprobs)))
         return msgs
 
     def releases(self, r: EngineRequest) -> list[tuple[str, P.Release]]:

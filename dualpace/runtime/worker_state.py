@@ -50,7 +50,8 @@ class RequestTable:
         rows = []
         for s in seqs:
             sp = self.get(s.req_id).sampling
-            rows.append(SamplingRow(sp.temperature, sp.top_p, sp.top_k, sp.seed, s.out_index))
+            rows.append(SamplingRow(sp.temperature, sp.top_p, sp.top_k, sp.seed, s.out_index,
+                                    sp.logprobs))
         return rows
 
     def forward_batch(self, seqs: list[SeqStep], block_size: int,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs (sampling/logprobs.py computes them)
+
 
 def _check(cond: bool, name: str, message: str) -> None:
     if not cond:
@@ -36,6 +38,7 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    logprobs: int | None = None  # k: each sampled token's logprob and the top k alternatives
 
     def __post_init__(self):
         # Accept lists / a single string for stop and stop_token_ids, store tuples (hashable).
@@ -66,6 +69,11 @@ class SamplingParams:
         _check(self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
                "max_tokens", f"must be a positive integer, got {self.max_tokens!r}")
         _check(isinstance(self.ignore_eos, bool), "ignore_eos", "must be a boolean")
+        _check(self.logprobs is None or (_is_int(self.logprobs) and self.logprobs >= 0),
+               "logprobs", f"must be a non-negative integer, got {self.logprobs!r}")
+        _check(self.logprobs is None or self.logprobs <= MAX_LOGPROBS, "logprobs",
+               f"Requested sample logprobs of {self.logprobs}, which is greater than max "
+               f"allowed: {MAX_LOGPROBS}")
 
     @property
     def greedy(self) -> bool:

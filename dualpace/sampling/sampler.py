@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dualpace.sampling.logprobs import TokenLogprobs, token_logprobs
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -33,6 +35,7 @@ class SamplingRow:
     top_k: int
     seed: int  # always set: the engine draws one for unseeded requests
     step: int  # index of the token being sampled among the request's outputs
+    logprobs: int = -1  # k: the sampled token's logprob and the top k; -1: none
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
@@ -73,3 +76,10 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
             noise[j].exponential_(generator=gen)
         out[idx] = (probs / noise).argmax(dim=-1)
     return out.tolist()
+
+
+def sample_with_logprobs(logits: torch.Tensor, rows: list[SamplingRow]
+                         ) -> tuple[list[int], list[TokenLogprobs | None]]:
+    """``sample`` plus each row's logprobs where it asked for them (from the same logits)."""
+    tokens = sample(logits, rows)
+    return tokens, token_logprobs(logits, tokens, [r.logprobs for r in rows])

@@ -21,6 +21,7 @@ from dualpace.engine.llm_engine import EngineDead
 from dualpace.engine.serving import EngineUnavailable, ServingEngine
 from dualpace.server.dashboard import dashboard
 from dualpace.server.errors import APIError, bad_request
+from dualpace.server.logprobs_format import CompletionLogprobs, TokenText, chat_logprobs
 from dualpace.server.requests import (
     chat_prompt,
     check_model,
@@ -155,9 +156,15 @@ class Server:
         meta = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()),
                 "model": model}
 
-        def choice(i, text, reason, token_ids, first):
-            c = {"index": i, "text": text, "logprobs": None, "finish_reason": reason,
-                 "stop_reason": None, "prompt_logprobs": None}
+        tok_text = TokenText(self.serving.tokenizer,
+                             flag(body, "return_tokens_as_token_ids", False))
+        lp_builders = [CompletionLogprobs(tok_text) for _ in prompts]
+
+        def choice(i, text, reason, token_ids, lps, first):
+            c = {"index": i, "text": text, "finish_reason": reason, "stop_reason": None,
+                 "prompt_logprobs": None,
+                 "logprobs": (lp_builders[i].chunk(token_ids, lps)
+                              if params.logprobs is not None else None)}
             if ids:
                 c["token_ids"] = token_ids
                 if first:
@@ -169,7 +176,8 @@ class Server:
                                       chat=False)
         outs = await self._collect(streams, "completion")
         return web.json_response({**meta, "object": "text_completion", "choices": [
-            choice(i, text, reason, tids, True) for i, (text, reason, tids) in enumerate(outs)],
+            choice(i, text, reason, tids, lps, True)
+            for i, (text, reason, tids, lps) in enumerate(outs)],
             "usage": self._usage(streams)})
 
     # --- /v1/chat/completions ------------------------------------------------------------------
@@ -187,9 +195,18 @@ class Server:
         meta = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()),
                 "model": model}
 
-        def choice(i, text, reason, token_ids, first):
+        tok_text = TokenText(self.serving.tokenizer,
+                             flag(body, "return_tokens_as_token_ids", False))
+
+        def lp_of(token_ids, lps):
+            if params.logprobs is None:
+                return None
+            return chat_logprobs(tok_text, token_ids, lps)
+
+        def choice(i, text, reason, token_ids, lps, first):
             d = {"role": "assistant", "content": text} if first else {"content": text}
-            c = {"index": i, "delta": d, "logprobs": None, "finish_reason": reason}
+            c = {"index": i, "delta": d, "logprobs": lp_of(token_ids, lps),
+                 "finish_reason": reason}
             if ids:
                 c["token_ids"] = token_ids
             return c
@@ -199,9 +216,9 @@ class Server:
         if flags.stream:
             return await self._stream(request, streams, meta, "chat.completion.chunk", choice,
                                       flags, chat=True, first_meta=first_meta)
-        (text, reason, tids), = await self._collect(streams, "chat")
-        c = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-             "finish_reason": reason, "stop_reason": None}
+        (text, reason, tids, lps), = await self._collect(streams, "chat")
+        c = {"index": 0, "message": {"role": "assistant", "content": text},
+             "logprobs": lp_of(tids, lps), "finish_reason": reason, "stop_reason": None}
         if ids:
             c["token_ids"] = tids
         return web.json_response({**meta, "object": "chat.completion", "choices": [c],
@@ -217,17 +234,18 @@ class Server:
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
                 "prompt_tokens_details": {"cached_tokens": 0}}
 
-    async def _collect(self, streams, kind: str) -> list[tuple[str, str, list[int]]]:
+    async def _collect(self, streams, kind: str) -> list[tuple[str, str, list[int], list]]:
         t0 = time.monotonic()
 
         async def one(s):
-            text, reason, first, error, tids = [], None, None, None, []
+            text, reason, first, error, tids, lps = [], None, None, None, [], []
             try:
                 async for d in s:
                     if first is None and d.token_ids:
                         first = time.monotonic()
                     text.append(d.text)
                     tids.extend(d.token_ids)
+                    lps.extend(d.logprobs)
                     if d.finished:
                         reason, error = d.finish_reason, d.error
                         s.last_reason = reason
@@ -237,19 +255,19 @@ class Server:
                 self._done(s, t0, first, kind)
             if error:
                 raise APIError(503, f"request failed: {error}", headers={"Retry-After": "1"})
-            return "".join(text), reason, tids
+            return "".join(text), reason, tids, lps
 
         return list(await asyncio.gather(*(one(s) for s in streams)))
 
     async def _stream(self, request, streams, meta, obj: str, choice, flags, chat: bool,
                       first_meta: dict | None = None) -> web.StreamResponse:
-        """SSE chunks: ``choice(i, text, reason, token_ids, first)`` per shown delta. Token
-        ids of held-back deltas (no text yet) travel with the next shown one; with
-        continuous usage every chunk carries the usage so far."""
+        """SSE chunks: ``choice(i, text, reason, token_ids, logprobs, first)`` per shown
+        delta. Token ids (and logprobs) of held-back deltas (no text yet) travel with the
+        next shown one; with continuous usage every chunk carries the usage so far."""
         resp = web.StreamResponse(headers=SSE_HEADERS)
         t0 = time.monotonic()
         firsts: dict[int, float] = {}
-        pending: dict[int, list[int]] = {i: [] for i in range(len(streams))}
+        pending = {i: ([], []) for i in range(len(streams))}  # held-back ids, logprobs
         shown: set[int] = set()
         extra = dict(first_meta or {})
         continuous = flags.include_usage and flags.continuous_usage
@@ -278,13 +296,14 @@ class Server:
                     firsts[s.rid] = time.monotonic()
                 if d.finished:
                     s.last_reason = d.finish_reason
-                pending[i].extend(d.token_ids)
+                pending[i][0].extend(d.token_ids)
+                pending[i][1].extend(d.logprobs)
                 if not d.text and not d.finished:
                     continue  # a held-back token: nothing to show yet
-                c = choice(i, d.text, d.finish_reason if d.finished else None, pending[i],
+                c = choice(i, d.text, d.finish_reason if d.finished else None, *pending[i],
                            i not in shown)
                 shown.add(i)
-                pending[i] = []
+                pending[i] = ([], [])
                 chunk = {**meta, "object": obj, "choices": [c], **extra}
                 extra = {}
                 if continuous:

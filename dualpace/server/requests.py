@@ -55,6 +55,7 @@ def sampling_params(body: dict, max_tokens_default: int | None,
     try:
         return SamplingParams(
             n=1,
+            logprobs=_logprobs(body, chat="max_completion_tokens" in names),
             temperature=float(_opt(body, "temperature", "num", 1.0)),
             top_p=float(_opt(body, "top_p", "num", 1.0)),
             top_k=_opt(body, "top_k", "int", -1),
@@ -74,6 +75,21 @@ class StreamFlags:
     stream: bool
     include_usage: bool  # a final chunk with the usage
     continuous_usage: bool  # usage so far in every chunk (vLLM's continuous_usage_stats)
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """k for SamplingParams: completions ``logprobs: k``; chat ``logprobs: true`` with
+    ``top_logprobs: k`` (0 when absent). vLLM's limits and wording."""
+    if not chat:
+        return _opt(body, "logprobs", "int", None)
+    want = _opt(body, "logprobs", "bool", False)
+    k = _opt(body, "top_logprobs", "int", None)
+    if k is not None and not want and k > 0:
+        raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.",
+                          "top_logprobs")
+    if k is not None and k < 0:
+        raise bad_request(f"`top_logprobs` must be a positive value, got {k}", "top_logprobs")
+    return (k or 0) if want else None
 
 
 def stream_flags(body: dict) -> StreamFlags:

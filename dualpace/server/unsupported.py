@@ -39,7 +39,6 @@ COMMON = {
     "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,),
     "truncate_prompt_tokens": (),
-    "return_tokens_as_token_ids": _OFF_FLAG,
     "lora_request": (),
     "priority": (0,),
     "logits_processors": _NO_VALUES,
@@ -49,11 +48,8 @@ COMMON = {
 }
 COMPLETIONS = {
     "suffix": ("",),
-    "logprobs": (),  # an int k; 0 still asks for the sampled token's logprob
 }
 CHAT = {
-    "logprobs": _OFF_FLAG,
-    "top_logprobs": (0,),
     "tools": _NO_VALUES,
     "tool_choice": ("none",),
     "functions": _NO_VALUES,

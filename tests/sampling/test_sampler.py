@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
+from dualpace.sampling.logprobs import token_logprobs
 from dualpace.sampling.params import SamplingParams
-from dualpace.sampling.sampler import SamplingRow, sample
+from dualpace.sampling.sampler import SamplingRow, sample, sample_with_logprobs
 
 
 def row(temperature=1.0, top_p=1.0, top_k=-1, seed=0, step=0):
@@ -65,7 +68,7 @@ def test_same_seed_same_token_whatever_the_batch():
 
 @pytest.mark.parametrize("field,value", [
     ("temperature", -0.1), ("temperature", "hot"), ("top_p", 0.0), ("top_p", 1.5),
-    ("top_k", -2), ("top_k", 1.5), ("seed", -1), ("seed", 2**64), ("max_tokens", 0),
+    ("top_k", -2), ("top_k", 1.5), ("seed", -(2**63) - 1), ("seed", 2**63), ("max_tokens", 0),
     ("max_tokens", 2.0), ("n", 2), ("stop", [1]), ("stop", [""]), ("stop_token_ids", [-1]),
     ("stop_token_ids", "x"), ("ignore_eos", "yes"),
 ])
@@ -78,3 +81,20 @@ def test_params_normalise_stop_fields():
     p = SamplingParams(stop="###", stop_token_ids=[5, 6])
     assert p.stop == ("###",) and p.stop_token_ids == (5, 6)
     assert SamplingParams(temperature=0).greedy
+
+
+def test_token_logprobs_hand_computed():
+    # row 0: logits log(1), log(2), log(3), log(4) over 4 tokens -> probs 0.1 .. 0.4
+    logits = torch.tensor([[0.0, math.log(2), math.log(3), math.log(4)], [5.0, 0.0, 0.0, 0.0],
+                           [1.0, 2.0, 3.0, 4.0]])
+    out = token_logprobs(logits, [1, 0, 3], [2, -1, 0])
+    assert out[1] is None
+    assert out[0].logprob == pytest.approx(math.log(0.2))
+    assert out[0].top_ids == (3, 2)
+    assert out[0].top_logprobs == pytest.approx((math.log(0.4), math.log(0.3)))
+    assert out[2].top_ids == () and out[2].logprob == pytest.approx(
+        4.0 - math.log(sum(math.exp(x) for x in (1.0, 2.0, 3.0, 4.0))))
+    # the raw distribution: temperature and filters do not change them
+    rows = [SamplingRow(0.5, 0.3, 1, 0, 0, 2)]
+    toks, lps = sample_with_logprobs(logits[:1], rows)
+    assert toks == [3] and lps[0].logprob == pytest.approx(math.log(0.4))

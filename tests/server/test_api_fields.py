@@ -140,7 +140,7 @@ def test_no_op_values_of_unsupported_fields_pass(server):
     assert r.choices[0].finish_reason in ("length", "stop")
 
 
-@pytest.mark.parametrize("field,value", [("logprobs", 2), ("echo", True), ("best_of", 3),
+@pytest.mark.parametrize("field,value", [("echo", True), ("best_of", 3),
                                          ("frequency_penalty", 0.3), ("min_tokens", 4),
                                          ("prompt_logprobs", 1), ("guided_json", {"a": 1})])
 def test_unsupported_fields_are_refused_by_name(server, field, value):

@@ -1,0 +1,147 @@
+"""logprobs through the OpenAI API, from whichever tier sampled the token: a GPU pool too
+small for the load puts requests on the CPU tier (Full-CPU, and Fused-Assist, where the GPU
+side of the Dense Assist samples and returns them through the assist buffer). Every value
+is checked against transformers' log-softmax on the same checkpoint (fp32)."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+
+import openai
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from .conftest import ServerProcess
+
+K = 3
+ATOL = 2e-3
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_model):
+    return AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module", params=["", "0,0"], ids=["full-cpu", "fused-assist"])
+def tiers(request, tiny_model):
+    extra = ["--assist-thresholds", request.param] if request.param else []
+    s = ServerProcess(tiny_model, "--gpu-kv-blocks", "8", "--max-num-seqs", "2", *extra)
+    s.route = "fused-assist" if request.param else "full-cpu"
+    yield s
+    s.stop()
+
+
+def _client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def _hf_logprobs(hf, prompt: list[int], out: list[int]) -> torch.Tensor:
+    """[len(out), V]: log-softmax of the logits that predicted each output token."""
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt + out])).logits[0].float()
+    return logits[len(prompt) - 1:len(prompt) + len(out) - 1].log_softmax(-1)
+
+
+def _check_against_hf(hf, prompt, out, token_logprobs, top_values):
+    ref = _hf_logprobs(hf, prompt, out)
+    for i, t in enumerate(out):
+        assert token_logprobs[i] == pytest.approx(ref[i, t].item(), abs=ATOL)
+        want = ref[i].topk(len(top_values[i])).values.tolist()
+        assert sorted(top_values[i], reverse=True) == pytest.approx(want, abs=ATOL)
+
+
+def test_completion_logprobs_from_both_tiers(tiers, hf):
+    c = _client(tiers)
+    # ~70-token prompts: the 8-block GPU pool holds two at most, the rest go to the CPU tier
+    prompts = [f"request number {i} says " + "abcdefghij" * 6 for i in range(6)]
+
+    def one(p):
+        return c.completions.create(model="tiny", prompt=p, max_tokens=30, temperature=0,
+                                    logprobs=K,
+                                    extra_body={"return_token_ids": True, "ignore_eos": True,
+                                                "return_tokens_as_token_ids": True})
+
+    with cf.ThreadPoolExecutor(len(prompts)) as ex:
+        results = list(ex.map(one, prompts))
+    m = tiers.metrics()
+    assert m.get('dualpace:generation_tokens_total{engine="cpu"}', 0) > 0, "CPU tier unused"
+    assert m.get('dualpace:generation_tokens_total{engine="gpu"}', 0) > 0, "GPU tier unused"
+    if tiers.route == "fused-assist":  # the GPU side sampled the CPU tier's tokens
+        assert m.get('dualpace:dense_assist_calls_total{route="fused-assist"}', 0) > 0
+    for r in results:
+        ch = r.choices[0]
+        prompt, out = ch.model_extra["prompt_token_ids"], ch.model_extra["token_ids"]
+        lp = ch.logprobs
+        assert len(lp.tokens) == len(out) == 30
+        assert lp.tokens == [f"token_id:{t}" for t in out]
+        assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(30)]
+        ref = _hf_logprobs(hf, prompt, out)
+        for i, t in enumerate(out):
+            assert lp.token_logprobs[i] == pytest.approx(ref[i, t].item(), abs=ATOL)
+            # the top K by id, plus the sampled token (greedy: it is the first of them)
+            want = dict(zip(*(x.tolist() for x in reversed(ref[i].topk(K)))))
+            got = {int(k.removeprefix("token_id:")): v for k, v in lp.top_logprobs[i].items()}
+            assert set(got) == set(want) and t in got
+            assert [got[j] for j in want] == pytest.approx(list(want.values()), abs=ATOL)
+
+
+def test_streamed_logprobs_match_the_response(tiers, hf):
+    c = _client(tiers)
+    kw = dict(model="tiny", prompt="stream me", max_tokens=12, temperature=0, logprobs=2,
+              extra_body={"return_token_ids": True, "ignore_eos": True})
+    chunks = list(c.completions.create(stream=True, **kw))
+    tokens = [t for x in chunks for t in x.choices[0].logprobs.tokens]
+    values = [v for x in chunks for v in x.choices[0].logprobs.token_logprobs]
+    offsets = [o for x in chunks for o in x.choices[0].logprobs.text_offset]
+    ids = [t for x in chunks for t in x.choices[0].model_extra["token_ids"]]
+    assert len(tokens) == len(values) == len(ids) == 12
+    assert offsets == [sum(map(len, tokens[:i])) for i in range(12)]
+    prompt = chunks[0].choices[0].model_extra["prompt_token_ids"]
+    ref = _hf_logprobs(hf, prompt, ids)
+    assert values == pytest.approx([ref[i, t].item() for i, t in enumerate(ids)], abs=ATOL)
+
+
+def test_chat_logprobs_shape_and_values(tiers, hf):
+    c = _client(tiers)
+    msgs = [{"role": "user", "content": "say something"}]
+    r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, temperature=0,
+                                  logprobs=True, top_logprobs=2,
+                                  extra_body={"return_token_ids": True, "ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    out = r.choices[0].model_extra["token_ids"]
+    assert len(content) == len(out) == 8
+    for e in content:
+        assert e.bytes == list(e.token.encode("utf-8")) and len(e.top_logprobs) == 2
+        assert e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob
+    _check_against_hf(hf, r.model_extra["prompt_token_ids"], out,
+                      [e.logprob for e in content],
+                      [[t.logprob for t in e.top_logprobs] for e in content])
+    streamed = [e for x in c.chat.completions.create(stream=True, model="tiny", messages=msgs,
+                                                     max_tokens=8, temperature=0,
+                                                     logprobs=True, top_logprobs=2,
+                                                     extra_body={"ignore_eos": True})
+                if x.choices and x.choices[0].logprobs for e in x.choices[0].logprobs.content]
+    assert [e.token for e in streamed] == [e.token for e in content]
+    plain = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=2)
+    assert plain.choices[0].logprobs is None
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"prompt": "x", "logprobs": 21}, "logprobs"),
+    ({"prompt": "x", "logprobs": -1}, "logprobs"),
+])
+def test_logprobs_limits(server, body, param):
+    c = _client(server)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model="tiny", **body)
+    assert e.value.body["param"] == param
+
+
+def test_chat_top_logprobs_limits(server):
+    c = _client(server)
+    msgs = [{"role": "user", "content": "x"}]
+    with pytest.raises(openai.BadRequestError, match="greater than max allowed: 20"):
+        c.chat.completions.create(model="tiny", messages=msgs, logprobs=True, top_logprobs=21)
+    with pytest.raises(openai.BadRequestError, match="`logprobs` must be set to true"):
+        c.chat.completions.create(model="tiny", messages=msgs, top_logprobs=2)
