@@ -241,9 +241,12 @@ class LLMEngine:
             m.req.pending_free = []
             self.metrics.inc("dualpace:kv_migrations_total", kind="swap-in")
         lps = done.logprobs or [None] * len(done.tokens)
-        for row, token, lp in zip(rows, done.tokens, lps):
+        plps = done.prompt_logprobs or [[]] * len(done.tokens)
+        for row, token, lp, plp in zip(rows, done.tokens, lps, plps):
             r = row.req
             r.in_flight = None
+            if plp and not r.prompt_logprobs_done:
+                r.prompt_lps.extend(plp[:len(r.prompt) - 1 - len(r.prompt_lps)])
             if row.kind == "prefill":
                 self.metrics.inc("dualpace:prompt_tokens_total", row.tokens)
                 r.computed += row.tokens
@@ -384,10 +387,13 @@ class LLMEngine:
             reason = "stop"
         elif len(r.out) >= r.max_tokens:
             reason = "length"
+        # The prompt's logprobs travel with the first output token.
+        plps = r.prompt_lps if len(r.out) == 1 and r.params.prompt_logprobs is not None else None
         if reason:
-            self._finish(r, reason, new=[token], logprobs=[logprobs])
+            self._finish(r, reason, new=[token], logprobs=[logprobs], prompt_logprobs=plps)
         else:
-            self._events.put_nowait(TokenEvent(r.rid, [token], logprobs=[logprobs]))
+            self._events.put_nowait(TokenEvent(r.rid, [token], logprobs=[logprobs],
+                                               prompt_logprobs=plps))
         return True
 
     # --- CPU-tier stalls (Figure 1) ------------------------------------------------------------
@@ -411,7 +417,7 @@ class LLMEngine:
 
     def _finish(self, r: EngineRequest, reason: str, error: str | None = None,
                 new: list[int] | None = None, release: bool = True,
-                logprobs: list | None = None) -> None:
+                logprobs: list | None = None, prompt_logprobs: list | None = None) -> None:
         if r.finished:
             return
         st = self.state
@@ -437,7 +443,8 @@ class LLMEngine:
         self.metrics.observe("dualpace:e2e_request_latency_seconds",
                              self.clock() - r.arrival)
         self._events.put_nowait(TokenEvent(r.rid, new or [], finish_reason=reason, error=error,
-                                           logprobs=logprobs or [None] * len(new or [])))
+                                           logprobs=logprobs or [None] * len(new or []),
+                                           prompt_logprobs=prompt_logprobs))
         if r.owner is Owner.CPU:
             self._update_cpu_readiness()
         self._wake()

@@ -23,6 +23,7 @@ class TokenEvent:
     finish_reason: str | None = None
     error: str | None = None
     logprobs: list = field(default_factory=list)  # per token: the worker's logprobs or None
+    prompt_logprobs: list | None = None  # with the first token, when asked for
 
 
 @dataclass
@@ -32,6 +33,7 @@ class CompletionDelta:
     text: str
     token_ids: list[int]
     logprobs: list = field(default_factory=list)  # aligned with token_ids (None: not asked)
+    prompt_logprobs: list | None = None  # prompt tokens 1.. (first delta only, when asked)
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
@@ -104,7 +106,7 @@ class RequestStream:
             self.closed = True
         lps = ev.logprobs if len(ev.logprobs) == len(ev.tokens) else [None] * len(ev.tokens)
         return CompletionDelta(text=text, token_ids=list(ev.tokens), logprobs=list(lps),
-                               finished=finished,
+                               prompt_logprobs=ev.prompt_logprobs, finished=finished,
                                finish_reason=reason, error=ev.error,
                                num_prompt_tokens=self.num_prompt_tokens,
                                num_output_tokens=self.num_output_tokens), hit

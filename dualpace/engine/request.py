@@ -50,6 +50,13 @@ class EngineRequest:
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)
     preemptions: int = 0
+    prompt_lps: list = field(default_factory=list)  # prompt logprobs so far (a worker's)
+
+    @property
+    def prompt_logprobs_done(self) -> bool:
+        """Every prompt token after the first has its logprob (a recomputed prefill does not
+        ask again)."""
+        return len(self.prompt_lps) >= len(self.prompt) - 1
 
     # --- sizes ----------------------------------------------------------------------------
     @property
@@ -84,4 +91,6 @@ class EngineRequest:
         position 0: runtime/translator.py)."""
         self.blocks, self.computed, self.phase = [], 0, Phase.WAITING
         self.owner, self.ready, self.swap_in_mark = Owner.GPU, True, False
+        if not self.prompt_logprobs_done:  # the new prefill computes them from the start
+            self.prompt_lps = []
         self.preemptions += 1

@@ -33,6 +33,7 @@ from dualpace.runtime.protocol import (
 )
 from dualpace.runtime.tp_control import BOUNDARY, IDLE, DecisionLog
 from dualpace.runtime.worker_state import RequestTable
+from dualpace.sampling.logprobs import prompt_logprobs
 from dualpace.sampling.sampler import sample_with_logprobs
 
 
@@ -264,16 +265,20 @@ class GpuWorker:
         main = [s for s in msg.seqs if not s.host_blocks]
         to_cpu = [s for s in msg.seqs if s.host_blocks]
         tokens: dict[int, tuple] = {}
+        plps: dict[int, list] = {}
         if main:
             self.requests.apply_blocks(main)
-            tokens.update(self._forward(main, self.kv, None))
+            tokens.update(self._forward(main, self.kv, None, plps))
         if to_cpu:
-            tokens.update(self._forward(to_cpu, self.staging, self._staging_tables(to_cpu)))
+            tokens.update(self._forward(to_cpu, self.staging, self._staging_tables(to_cpu),
+                                        plps))
             ready.extend(s.req_id for s in to_cpu)
         self.steps += 1
         out = [tokens.get(id(s), (-1, None)) for s in msg.seqs]
         return StepDone(step_id=msg.step_id, tokens=[t for t, _ in out],
-                        logprobs=wire_logprobs([lp for _, lp in out]), ready=ready)
+                        logprobs=wire_logprobs([lp for _, lp in out]), ready=ready,
+                        prompt_logprobs=([wire_logprobs(plps.get(id(s), [])) for s in msg.seqs]
+                                         if plps else []))
 
     def _staging_tables(self, seqs: list[SeqStep]) -> list[list[int]]:
         bs, nxt, tables = self.block_size, 0, []
@@ -292,9 +297,11 @@ class GpuWorker:
                              f"the staging area has {self.staging.num_blocks}")
         return tables
 
-    def _forward(self, seqs: list[SeqStep], kv, staging_tables) -> dict[int, tuple]:
+    def _forward(self, seqs: list[SeqStep], kv, staging_tables,
+                 plps: dict[int, list]) -> dict[int, tuple]:
         """Stage tasks of one sub-batch; returns id(seq) -> (sampled token, its logprobs or
-        None) for sampling rows."""
+        None) for sampling rows, and puts id(seq) -> the chunk's prompt logprobs in
+        ``plps`` for seqs that asked (``next_token`` > -2)."""
         m = self.model
         if staging_tables is None:
             fb = self.requests.forward_batch(seqs, self.block_size, m.device)
@@ -312,6 +319,13 @@ class GpuWorker:
             self.boundary()
         if staging_tables is not None:
             self.ops.synchronize()
+        last = fb.logits_indices.tolist()
+        for j, s in enumerate(seqs):
+            if s.next_token > -2:
+                targets = s.token_ids[1:] + ([s.next_token] if s.next_token >= 0 else [])
+                first = last[j] - len(s.token_ids) + 1
+                k = self.requests.get(s.req_id).sampling.prompt_logprobs
+                plps[id(s)] = prompt_logprobs(m.post_layer, hidden[first:], targets, max(k, 0))
         sampling = [(j, s) for j, s in enumerate(seqs) if s.sample]
         if not sampling:
             return {}

@@ -29,6 +29,7 @@ class SamplingSpec(msgspec.Struct, array_like=True, gc=False):
     top_k: int
     seed: int
     logprobs: int = -1  # k: the sampled token's logprob and the top k; -1: none
+    prompt_logprobs: int = -1  # k for the prompt tokens' logprobs; -1: none
 
 
 class NewRequest(_Msg, tag=1):
@@ -56,6 +57,7 @@ class SeqStep(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     sample: bool = True
     out_index: int = 0
     host_blocks: list[int] = []
+    next_token: int = -2  # prompt logprobs: -2 none; else the token after this chunk (-1: none)
 
 
 class Migration(msgspec.Struct, array_like=True, gc=False):
@@ -114,6 +116,7 @@ class Logprobs(msgspec.Struct, array_like=True, gc=False):
     logprob: float
     top_ids: list[int]
     top_logprobs: list[float]
+    rank: int = 1
 
 
 class StepDone(_Msg, tag=10):
@@ -124,6 +127,7 @@ class StepDone(_Msg, tag=10):
     step_id: int
     tokens: list[int] = []
     logprobs: list[Logprobs | None] = []
+    prompt_logprobs: list[list[Logprobs]] = []  # per seq: its chunk's (empty: not asked)
     ready: list[int] = []
     route: str = ""
     assist_calls: int = 0
@@ -233,7 +237,8 @@ def wire_logprobs(lps) -> list[Logprobs | None]:
     """TokenLogprobs (or None) per row -> the wire form; [] when no row has any."""
     if all(x is None for x in lps):
         return []
-    return [None if x is None else Logprobs(x.logprob, list(x.top_ids), list(x.top_logprobs))
+    return [None if x is None else Logprobs(x.logprob, list(x.top_ids), list(x.top_logprobs),
+                                            x.rank)
             for x in lps]
 
 

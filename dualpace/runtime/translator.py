@@ -33,7 +33,8 @@ class Translator:
                 p = r.params
                 msgs.append(P.NewRequest(req_id=r.rid, sampling=P.SamplingSpec(
                     temperature=float(p.temperature), top_p=float(p.top_p), top_k=int(p.top_k),
-                    seed=r.seed, logprobs=-1 if p.logprobs is None else p.logprobs)))
+                    seed=r.seed, logprobs=-1 if p.logprobs is None else p.logprobs,
+                    prompt_logprobs=-1 if p.prompt_logprobs is None else p.prompt_logprobs)))
         return msgs
 
     def releases(self, r: EngineRequest) -> list[tuple[str, P.Release]]:
@@ -72,12 +73,13 @@ class Translator:
         toks = _all_tokens(r)[r.computed:r.computed + n]
         return P.SeqStep(req_id=r.rid, token_ids=toks, start_pos=r.computed, new_blocks=new,
                          reset=reset, sample=r.computed + n == r.num_tokens,
-                         out_index=len(r.out))
+                         out_index=len(r.out), next_token=_next_token(r, r.computed + n))
 
     def _prefill_to_cpu_step(self, r: EngineRequest) -> P.SeqStep:
         self._known["cpu"][r.rid] = -1
         return P.SeqStep(req_id=r.rid, token_ids=_all_tokens(r), start_pos=0,
-                         host_blocks=list(r.blocks), out_index=len(r.out))
+                         host_blocks=list(r.blocks), out_index=len(r.out),
+                         next_token=_next_token(r, r.num_tokens))
 
     def gpu_batch(self, step_id: int, plan: GpuPlan) -> P.GpuBatch:
         """The descriptor of a committed GPU plan; its seqs follow ``plan.step_rows()``."""
@@ -105,6 +107,15 @@ class Translator:
 
 def _all_tokens(r: EngineRequest) -> list[int]:
     return r.prompt + r.out
+
+
+def _next_token(r: EngineRequest, end: int) -> int:
+    """A prefill chunk ending before ``end``: -2 unless the request still needs prompt
+    logprobs, else the token after the chunk (-1 at the prompt's end: the sampled token's
+    logprob is the first output's, not a prompt one)."""
+    if r.params.prompt_logprobs is None or r.prompt_logprobs_done:
+        return -2
+    return r.prompt[end] if end < len(r.prompt) else -1
 
 
 def _migration(m: Move) -> P.Migration:

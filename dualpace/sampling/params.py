@@ -39,6 +39,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     logprobs: int | None = None  # k: each sampled token's logprob and the top k alternatives
+    prompt_logprobs: int | None = None  # k: each prompt token's (after the first) and top k
 
     def __post_init__(self):
         # Accept lists / a single string for stop and stop_token_ids, store tuples (hashable).
@@ -74,6 +75,10 @@ class SamplingParams:
         _check(self.logprobs is None or self.logprobs <= MAX_LOGPROBS, "logprobs",
                f"Requested sample logprobs of {self.logprobs}, which is greater than max "
                f"allowed: {MAX_LOGPROBS}")
+        _check(self.prompt_logprobs is None or (_is_int(self.prompt_logprobs)
+                                                and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
+               "prompt_logprobs", f"Requested prompt logprobs of {self.prompt_logprobs}, "
+               f"which is outside [0, {MAX_LOGPROBS}]")
 
     @property
     def greedy(self) -> bool:

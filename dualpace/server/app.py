@@ -19,9 +19,10 @@ from aiohttp import web
 from dualpace import __version__
 from dualpace.engine.llm_engine import EngineDead
 from dualpace.engine.serving import EngineUnavailable, ServingEngine
+from dualpace.server.choices import ChatChoices, CompletionChoices, Piece
 from dualpace.server.dashboard import dashboard
 from dualpace.server.errors import APIError, bad_request
-from dualpace.server.logprobs_format import CompletionLogprobs, TokenText, chat_logprobs
+from dualpace.server.logprobs_format import TokenText
 from dualpace.server.requests import (
     chat_prompt,
     check_model,
@@ -147,38 +148,24 @@ class Server:
         body = await self._body(request)
         model = check_model(body, self.model_name)
         reject_unsupported(body, chat=False)
-        prompts = completion_prompts(body, self.serving.tokenizer)
+        prompts, texts = completion_prompts(body, self.serving.tokenizer)
         params = sampling_params(body, 16, vocab_size=self.vocab_size)
         flags = stream_flags(body)
-        ids = flag(body, "return_token_ids", False)
+        build = CompletionChoices(
+            prompts, texts, params, self._token_text(body), echo=flag(body, "echo", False),
+            token_ids=flag(body, "return_token_ids", False),
+            want_prompt_lps=body.get("prompt_logprobs") is not None).build
         self._admit(len(prompts))
         streams = self._start(prompts, params)
         meta = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()),
                 "model": model}
-
-        tok_text = TokenText(self.serving.tokenizer,
-                             flag(body, "return_tokens_as_token_ids", False))
-        lp_builders = [CompletionLogprobs(tok_text) for _ in prompts]
-
-        def choice(i, text, reason, token_ids, lps, first):
-            c = {"index": i, "text": text, "finish_reason": reason, "stop_reason": None,
-                 "prompt_logprobs": None,
-                 "logprobs": (lp_builders[i].chunk(token_ids, lps)
-                              if params.logprobs is not None else None)}
-            if ids:
-                c["token_ids"] = token_ids
-                if first:
-                    c["prompt_token_ids"] = prompts[i]
-            return c
-
         if flags.stream:
-            return await self._stream(request, streams, meta, "text_completion", choice, flags,
+            return await self._stream(request, streams, meta, "text_completion", build, flags,
                                       chat=False)
-        outs = await self._collect(streams, "completion")
-        return web.json_response({**meta, "object": "text_completion", "choices": [
-            choice(i, text, reason, tids, lps, True)
-            for i, (text, reason, tids, lps) in enumerate(outs)],
-            "usage": self._usage(streams)})
+        pieces = await self._collect(streams, "completion")
+        return web.json_response({**meta, "object": "text_completion",
+                                  "choices": [build(i, p, True) for i, p in enumerate(pieces)],
+                                  "usage": self._usage(streams)})
 
     # --- /v1/chat/completions ------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -189,43 +176,27 @@ class Server:
         params = sampling_params(body, None, ("max_tokens", "max_completion_tokens"),
                                  vocab_size=self.vocab_size)
         flags = stream_flags(body)
-        ids = flag(body, "return_token_ids", False)
+        choices = ChatChoices(prompt, params, self._token_text(body),
+                              token_ids=flag(body, "return_token_ids", False),
+                              want_prompt_lps=body.get("prompt_logprobs") is not None)
         self._admit(1)
         streams = self._start([prompt], params)
         meta = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()),
                 "model": model}
-
-        tok_text = TokenText(self.serving.tokenizer,
-                             flag(body, "return_tokens_as_token_ids", False))
-
-        def lp_of(token_ids, lps):
-            if params.logprobs is None:
-                return None
-            return chat_logprobs(tok_text, token_ids, lps)
-
-        def choice(i, text, reason, token_ids, lps, first):
-            d = {"role": "assistant", "content": text} if first else {"content": text}
-            c = {"index": i, "delta": d, "logprobs": lp_of(token_ids, lps),
-                 "finish_reason": reason}
-            if ids:
-                c["token_ids"] = token_ids
-            return c
-
-        # vLLM puts the chat prompt's ids beside the choices, in the first chunk only.
-        first_meta = {"prompt_token_ids": prompt} if ids else {}
         if flags.stream:
-            return await self._stream(request, streams, meta, "chat.completion.chunk", choice,
-                                      flags, chat=True, first_meta=first_meta)
-        (text, reason, tids, lps), = await self._collect(streams, "chat")
-        c = {"index": 0, "message": {"role": "assistant", "content": text},
-             "logprobs": lp_of(tids, lps), "finish_reason": reason, "stop_reason": None}
-        if ids:
-            c["token_ids"] = tids
-        return web.json_response({**meta, "object": "chat.completion", "choices": [c],
-                                  "usage": self._usage(streams), "prompt_logprobs": None,
-                                  **first_meta})
+            return await self._stream(request, streams, meta, "chat.completion.chunk",
+                                      choices.chunk, flags, chat=True,
+                                      first_extra=lambda p: choices.extra(p, whole=False))
+        piece, = await self._collect(streams, "chat")
+        return web.json_response({**meta, "object": "chat.completion",
+                                  "choices": [choices.message(piece)],
+                                  "usage": self._usage(streams),
+                                  **choices.extra(piece, whole=True)})
 
     # --- shared response paths -----------------------------------------------------------------
+    def _token_text(self, body: dict) -> TokenText:
+        return TokenText(self.serving.tokenizer, flag(body, "return_tokens_as_token_ids", False))
+
     @staticmethod
     def _usage(streams) -> dict:
         """OpenAI's usage; there is no prefix cache, so no prompt token is ever cached."""
@@ -234,42 +205,39 @@ class Server:
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
                 "prompt_tokens_details": {"cached_tokens": 0}}
 
-    async def _collect(self, streams, kind: str) -> list[tuple[str, str, list[int], list]]:
+    async def _collect(self, streams, kind: str) -> list[Piece]:
         t0 = time.monotonic()
 
         async def one(s):
-            text, reason, first, error, tids, lps = [], None, None, None, [], []
+            piece, first, error = Piece(), None, None
             try:
                 async for d in s:
                     if first is None and d.token_ids:
                         first = time.monotonic()
-                    text.append(d.text)
-                    tids.extend(d.token_ids)
-                    lps.extend(d.logprobs)
+                    piece.add(d)
                     if d.finished:
-                        reason, error = d.finish_reason, d.error
-                        s.last_reason = reason
+                        error = d.error
+                        s.last_reason = d.finish_reason
             finally:
                 if not s.done:
                     self.serving.abort(s.rid)
                 self._done(s, t0, first, kind)
             if error:
                 raise APIError(503, f"request failed: {error}", headers={"Retry-After": "1"})
-            return "".join(text), reason, tids, lps
+            return piece
 
         return list(await asyncio.gather(*(one(s) for s in streams)))
 
-    async def _stream(self, request, streams, meta, obj: str, choice, flags, chat: bool,
-                      first_meta: dict | None = None) -> web.StreamResponse:
-        """SSE chunks: ``choice(i, text, reason, token_ids, logprobs, first)`` per shown
-        delta. Token ids (and logprobs) of held-back deltas (no text yet) travel with the
-        next shown one; with continuous usage every chunk carries the usage so far."""
+    async def _stream(self, request, streams, meta, obj: str, build, flags, chat: bool,
+                      first_extra=None) -> web.StreamResponse:
+        """SSE chunks: ``build(i, piece, first)`` per shown piece. Held-back deltas (no
+        text yet) join the next shown one; ``first_extra(piece)`` goes beside the choices
+        of the first chunk; with continuous usage every chunk carries the usage so far."""
         resp = web.StreamResponse(headers=SSE_HEADERS)
         t0 = time.monotonic()
         firsts: dict[int, float] = {}
-        pending = {i: ([], []) for i in range(len(streams))}  # held-back ids, logprobs
+        pending = {i: Piece() for i in range(len(streams))}
         shown: set[int] = set()
-        extra = dict(first_meta or {})
         continuous = flags.include_usage and flags.continuous_usage
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -296,16 +264,14 @@ class Server:
                     firsts[s.rid] = time.monotonic()
                 if d.finished:
                     s.last_reason = d.finish_reason
-                pending[i][0].extend(d.token_ids)
-                pending[i][1].extend(d.logprobs)
+                pending[i].add(d)
                 if not d.text and not d.finished:
                     continue  # a held-back token: nothing to show yet
-                c = choice(i, d.text, d.finish_reason if d.finished else None, *pending[i],
-                           i not in shown)
+                piece, pending[i] = pending[i], Piece()
+                chunk = {**meta, "object": obj, "choices": [build(i, piece, i not in shown)]}
+                if first_extra is not None and not shown:
+                    chunk.update(first_extra(piece))
                 shown.add(i)
-                pending[i] = ([], [])
-                chunk = {**meta, "object": obj, "choices": [c], **extra}
-                extra = {}
                 if continuous:
                     chunk["usage"] = self._usage(streams)
                 await resp.write(_sse(chunk))

@@ -29,14 +29,29 @@ class CompletionLogprobs:
     def __init__(self, text: TokenText, offset: int = 0):
         self.text, self.offset = text, offset
 
+    @staticmethod
+    def empty() -> dict:
+        return {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+
+    @staticmethod
+    def extend(into: dict, more: dict) -> None:
+        for k, v in more.items():
+            into[k] += v
+
+    def prompt(self, prompt_ids: list[int], plps: list | None) -> dict:
+        """The echoed prompt's entries: the first token has no logprob (no context)."""
+        lps = [None, *(plps or [])]
+        lps += [None] * (len(prompt_ids) - len(lps))
+        return self.chunk(prompt_ids, lps)
+
     def chunk(self, token_ids: list[int], lps: list) -> dict:
-        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        out = self.empty()
         for t, lp in zip(token_ids, lps):
             s = self.text(t)
             out["tokens"].append(s)
             out["text_offset"].append(self.offset)
             self.offset += len(s)
-            if lp is None:  # not asked for (never mixed within one request)
+            if lp is None:  # the echoed prompt's first token
                 out["token_logprobs"].append(None)
                 out["top_logprobs"].append(None)
                 continue
@@ -60,3 +75,16 @@ def chat_logprobs(text: TokenText, token_ids: list[int], lps: list) -> dict:
         e["top_logprobs"] = [entry(i, v) for i, v in zip(lp.top_ids, lp.top_logprobs)]
         content.append(e)
     return {"content": content}
+
+
+def prompt_logprobs_field(text: TokenText, prompt_ids: list[int], plps: list | None) -> list:
+    """vLLM's ``prompt_logprobs``: per prompt token, null for the first, else {token id:
+    {"logprob", "rank", "decoded_token"}} for the actual token and the top k."""
+    out: list = [None]
+    for t, lp in zip(prompt_ids[1:], plps or []):
+        entry = {str(i): {"logprob": v, "rank": r + 1, "decoded_token": text(i)}
+                 for r, (i, v) in enumerate(zip(lp.top_ids, lp.top_logprobs))}
+        entry.setdefault(str(t), {"logprob": lp.logprob, "rank": lp.rank,
+                                  "decoded_token": text(t)})
+        out.append(entry)
+    return out

@@ -52,10 +52,16 @@ def sampling_params(body: dict, max_tokens_default: int | None,
         if t < 0 or (vocab_size is not None and t >= vocab_size):
             raise bad_request(f"stop_token_ids contains token id {t}, which is outside the "
                               f"vocabulary [0, {vocab_size})", "stop_token_ids")
+    chat = "max_completion_tokens" in names
+    logprobs = _logprobs(body, chat)
+    prompt_lp = _opt(body, "prompt_logprobs", "int", None)
+    if not chat and _opt(body, "echo", "bool", False) and logprobs is not None:
+        prompt_lp = max(prompt_lp or 0, logprobs)  # echoed prompt tokens carry logprobs
     try:
         return SamplingParams(
             n=1,
-            logprobs=_logprobs(body, chat="max_completion_tokens" in names),
+            logprobs=logprobs,
+            prompt_logprobs=prompt_lp,
             temperature=float(_opt(body, "temperature", "num", 1.0)),
             top_p=float(_opt(body, "top_p", "num", 1.0)),
             top_k=_opt(body, "top_k", "int", -1),
@@ -124,7 +130,9 @@ def check_model(body: dict, served: str) -> str:
     return model
 
 
-def completion_prompts(body: dict, tokenizer) -> list[list[int]]:
+def completion_prompts(body: dict, tokenizer) -> tuple[list[list[int]], list[str]]:
+    """The prompts' token ids, and their texts (as given, or decoded from ids: what echo
+    returns)."""
     if "prompt" not in body:
         raise bad_request("'prompt' is required", "prompt")
     p = body["prompt"]
@@ -137,13 +145,18 @@ def completion_prompts(body: dict, tokenizer) -> list[list[int]]:
     else:
         raise bad_request("'prompt' must be a string, a list of strings, a list of token "
                           "ids or a list of token-id lists, and not empty", "prompt")
-    prompts = []
+    prompts, texts = [], []
     for it in items:
         if not it:
             raise bad_request("'prompt' must not be empty", "prompt")
         # Token ids are range-checked against the vocabulary by the engine.
-        prompts.append(tokenizer.encode(it) if isinstance(it, str) else list(it))
-    return prompts
+        if isinstance(it, str):
+            prompts.append(tokenizer.encode(it))
+            texts.append(it)
+        else:
+            prompts.append(list(it))
+            texts.append(None)
+    return prompts, texts
 
 
 def chat_prompt(body: dict, tokenizer) -> list[int]:

@@ -16,8 +16,6 @@ _NO_VALUES = ([], {}, "")
 
 # Both endpoints.
 COMMON = {
-    "prompt_logprobs": (),  # 0 asks for the prompt tokens' own logprobs
-    "echo": _OFF_FLAG,
     "best_of": (1,),
     "use_beam_search": _OFF_FLAG,
     "length_penalty": (1, 1.0),
@@ -50,6 +48,7 @@ COMPLETIONS = {
     "suffix": ("",),
 }
 CHAT = {
+    "echo": _OFF_FLAG,
     "tools": _NO_VALUES,
     "tool_choice": ("none",),
     "functions": _NO_VALUES,

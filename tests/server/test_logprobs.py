@@ -1,7 +1,9 @@
 """logprobs through the OpenAI API, from whichever tier sampled the token: a GPU pool too
 small for the load puts requests on the CPU tier (Full-CPU, and Fused-Assist, where the GPU
-side of the Dense Assist samples and returns them through the assist buffer). Every value
-is checked against transformers' log-softmax on the same checkpoint (fp32)."""
+side of the Dense Assist samples and returns them through the assist buffer). Prompt
+logprobs (echo, prompt_logprobs) come out of the prefill on either path: chunked on the GPU
+(a 48-token batch limit) or Prefill-to-CPU. Every value is checked against transformers'
+log-softmax on the same checkpoint (fp32)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ def hf(tiny_model):
 @pytest.fixture(scope="module", params=["", "0,0"], ids=["full-cpu", "fused-assist"])
 def tiers(request, tiny_model):
     extra = ["--assist-thresholds", request.param] if request.param else []
-    s = ServerProcess(tiny_model, "--gpu-kv-blocks", "8", "--max-num-seqs", "2", *extra)
+    s = ServerProcess(tiny_model, "--gpu-kv-blocks", "8", "--max-num-seqs", "2",
+                      "--max-num-batched-tokens", "48", *extra)
     s.route = "fused-assist" if request.param else "full-cpu"
     yield s
     s.stop()
@@ -145,3 +148,54 @@ def test_chat_top_logprobs_limits(server):
         c.chat.completions.create(model="tiny", messages=msgs, logprobs=True, top_logprobs=21)
     with pytest.raises(openai.BadRequestError, match="`logprobs` must be set to true"):
         c.chat.completions.create(model="tiny", messages=msgs, top_logprobs=2)
+
+
+def test_echo_with_prompt_logprobs_on_both_prefill_paths(tiers, hf):
+    """What lm-eval-harness's local-completions sends for a loglikelihood request: token ids,
+    echo, logprobs=1, max_tokens=1."""
+    c = _client(tiers)
+    before = tiers.metrics().get('dualpace:kv_migrations_total{kind="prefill-to-cpu"}', 0)
+    # Prompts of 50-70 tokens prefill on the GPU in 48-token chunks; those of 130-150 exceed
+    # the 8-block (128-token) GPU pool and can only go Prefill-to-CPU.
+    lens = [50, 130, 60, 140, 70, 150]
+    prompts = [[65 + (i * 7 + j) % 26 for j in range(n)] for i, n in enumerate(lens)]
+
+    def one(p):
+        return c.completions.create(model="tiny", prompt=p, max_tokens=1, temperature=0,
+                                    logprobs=1, echo=True, extra_body={"ignore_eos": True})
+
+    with cf.ThreadPoolExecutor(len(prompts)) as ex:
+        results = list(ex.map(one, prompts))
+    after = tiers.metrics().get('dualpace:kv_migrations_total{kind="prefill-to-cpu"}', 0)
+    assert after > before, "no prompt took the Prefill-to-CPU path"
+    for p, r in zip(prompts, results):
+        ch = r.choices[0]
+        lp = ch.logprobs
+        assert ch.text.startswith(bytes(p).decode()) and len(lp.tokens) == len(p) + 1
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        with torch.no_grad():
+            full = hf(torch.tensor([p])).logits[0].float().log_softmax(-1)
+        want = [full[i - 1, p[i]].item() for i in range(1, len(p))]
+        assert lp.token_logprobs[1:len(p)] == pytest.approx(want, abs=ATOL)
+        assert lp.token_logprobs[-1] == pytest.approx(full[-1].max().item(), abs=ATOL)
+        for i in range(1, len(p)):  # the top-1 entry and the actual token
+            assert len(lp.top_logprobs[i]) <= 2
+            assert max(lp.top_logprobs[i].values()) == pytest.approx(
+                full[i - 1].max().item(), abs=ATOL)
+
+
+def test_prompt_logprobs_field(tiers, hf):
+    p = [72, 101, 108, 108, 111, 32] * 12  # 72 tokens: two chunks of 48 on the GPU path
+    r = _client(tiers).completions.create(model="tiny", prompt=p, max_tokens=2,
+                                          temperature=0, extra_body={"prompt_logprobs": 2})
+    plp = r.choices[0].model_extra["prompt_logprobs"]
+    assert len(plp) == len(p) and plp[0] is None
+    with torch.no_grad():
+        full = hf(torch.tensor([p])).logits[0].float().log_softmax(-1)
+    for i in range(1, len(p)):
+        row = full[i - 1]
+        e = plp[i][str(p[i])]
+        assert e["logprob"] == pytest.approx(row[p[i]].item(), abs=ATOL)
+        assert e["rank"] == int((row > row[p[i]]).sum()) + 1
+        top2 = row.topk(2).indices.tolist()
+        assert all(str(t) in plp[i] for t in top2) and len(plp[i]) <= 3
