@@ -1,6 +1,6 @@
 """POSIX shared-memory segments and the private runtime directory of one server instance.
 
-Names are unique per instance (``/dualpace-<pid>-<start>-<token>-<what>``), segments are
+Names are unique per instance (``/dualpace-<pid>-s<start>-<token>-<what>``), segments are
 created 0600, and a start-up sweep removes what a dead instance left behind in /dev/shm and
 in the runtime base directory. An instance is its supervisor's pid *and* that process's
 start time (/proc/<pid>/stat field 22), so neither a reused pid nor a zombie (dead, its
@@ -26,7 +26,9 @@ log = logging.getLogger("dualpace.runtime")
 
 SHM_DIR = Path("/dev/shm")
 _PREFIX = "dualpace-"
-_NAME_RE = re.compile(r"^dualpace-(\d+)-(\d+)-[0-9a-f]+(?:-.*)?$")
+_NAME_RE = re.compile(r"^dualpace-(\d+)-s(\d+)-[0-9a-f]+(?:-.*)?$")
+# Before the start time was part of the name: the pid alone identifies the instance.
+_LEGACY_RE = re.compile(r"^dualpace-(\d+)-[0-9a-f]+(?:-.*)?$")
 
 
 def process_alive(pid: int) -> bool:
@@ -69,7 +71,12 @@ def sweep_stale() -> list[str]:
     candidates += [(p, p.name) for p in runtime_base().glob(_PREFIX + "*") if p.is_dir()]
     for path, name in candidates:
         m = _NAME_RE.match(name)
-        if not m or instance_alive(int(m.group(1)), int(m.group(2))):
+        if m:
+            alive = instance_alive(int(m.group(1)), int(m.group(2)))
+        else:
+            legacy = _LEGACY_RE.match(name)
+            alive = legacy is None or process_alive(int(legacy.group(1)))
+        if alive:
             continue
         with contextlib.suppress(OSError, posix_ipc.ExistentialError):  # raced another sweep
             if path.is_dir():
@@ -88,7 +95,7 @@ class Instance:
 
     def __init__(self):
         pid = os.getpid()
-        self.tag = f"{_PREFIX}{pid}-{process_start_time(pid)}-{secrets.token_hex(4)}"
+        self.tag = f"{_PREFIX}{pid}-s{process_start_time(pid)}-{secrets.token_hex(4)}"
         self.runtime_dir = runtime_base() / self.tag
         self.runtime_dir.mkdir(mode=0o700)
         self.segments: list[Segment] = []

@@ -15,8 +15,9 @@ import posix_ipc
 from dualpace.runtime.shm import SHM_DIR, Instance, process_start_time, sweep_stale
 
 
-def _segment(pid: int, start: int) -> str:
-    name = f"dualpace-{pid}-{start}-{secrets.token_hex(4)}-test"
+def _segment(pid: int, start: int | None) -> str:
+    mid = f"s{start}-" if start is not None else ""  # None: the name before start times
+    name = f"dualpace-{pid}-{mid}{secrets.token_hex(4)}-test"
     posix_ipc.SharedMemory("/" + name, posix_ipc.O_CREX, mode=0o600, size=64).close_fd()
     return name
 
@@ -73,11 +74,24 @@ def test_a_zombie_supervisors_segments_are_swept():
             os.waitpid(pid, 0)
 
 
+def test_legacy_names_go_by_pid_alone():
+    me = os.getpid()
+    live = _segment(me, None)
+    digits = f"dualpace-{me}-12345678-test"  # an all-digit token is not a start time
+    posix_ipc.SharedMemory("/" + digits, posix_ipc.O_CREX, mode=0o600, size=64).close_fd()
+    try:
+        removed = sweep_stale()
+        assert _exists(live) and _exists(digits) and not {live, digits} & set(removed)
+    finally:
+        _unlink(live, digits)
+
+
 def test_instance_tags_carry_pid_and_start_time():
     inst = Instance()
     try:
         pid, start = inst.tag.split("-")[1:3]
-        assert int(pid) == os.getpid() and int(start) == process_start_time(os.getpid())
+        assert int(pid) == os.getpid()
+        assert start == f"s{process_start_time(os.getpid())}"
         seg = inst.create("probe", 64)
         assert seg.name.startswith(f"/{inst.tag}-") and not sweep_stale().count(seg.name[1:])
         assert _exists(seg.name[1:])
