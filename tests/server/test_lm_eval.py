@@ -7,7 +7,12 @@ on the same checkpoint."""
 from __future__ import annotations
 
 import json
+import os
 import textwrap
+
+# The tasks and the tokenizer are local files: never wait on the hub (CI has no network).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import lm_eval
 import pytest
