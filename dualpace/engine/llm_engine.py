@@ -85,7 +85,7 @@ class LLMEngine:
         self.streams: dict[int, RequestStream] = {}
         self.trace: list[tuple[float, str, int]] | None = None  # (time, engine, rid) per token
         self.neo = NeoCostModel()  # the gated baseline's Eq. 1 model
-        self.wire = translator.Translator()
+        self.wire = translator.Translator(eos_ids)
         self._ids = itertools.count(1)
         self._steps = itertools.count(1)
         self._rng = random.Random()

@@ -90,7 +90,9 @@ class RequestStream:
             if finished:
                 self.detok.flush()
             full = self.detok.text
-            if self.params.stop and ev.error is None:
+            # Stop strings, like stop tokens, wait for min_tokens outputs (vLLM).
+            if (self.params.stop and ev.error is None
+                    and self.num_output_tokens >= self.params.min_tokens):
                 at = find_stop_string(full, self.params.stop, before)
                 if at != -1:
                     full = self.detok.text = full[:at]

@@ -19,6 +19,7 @@ import functools
 import time
 from collections.abc import Callable
 
+import msgspec
 import torch
 
 from dualpace.kernels.futex import FutexWord
@@ -38,7 +39,11 @@ from dualpace.runtime.layouts import (
 )
 from dualpace.runtime.shm import process_alive
 from dualpace.sampling.logprobs import TokenLogprobs
+from dualpace.sampling.penalties import Penalties
 from dualpace.sampling.sampler import SamplingRow
+
+_EXTRAS = msgspec.msgpack.Encoder()
+_EXTRAS_DEC = msgspec.msgpack.Decoder(list[tuple[int, Penalties, list[int]]])
 
 SPIN = 4000  # pause iterations (~10-100 µs) before sleeping in the kernel
 
@@ -196,6 +201,14 @@ class AssistChannel:
         self.buf["out_index"][:b] = torch.tensor([r.step for r in rows], dtype=torch.int32)
         self.buf["seed"][:b] = torch.tensor([r.seed for r in rows], dtype=torch.int64)
         self.buf["logprobs_k"][:b] = torch.tensor([r.logprobs for r in rows], dtype=torch.int32)
+        extras = [(i, r.penalties, list(r.outputs)) for i, r in enumerate(rows) if r.penalties]
+        raw = _EXTRAS.encode(extras) if extras else b""
+        if len(raw) > self.buf["extras"].numel():
+            raise ValueError(f"penalized rows need {len(raw)} bytes in the assist buffer, "
+                             f"it has {self.buf['extras'].numel()}")
+        if raw:
+            self.buf["extras"][:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        self.buf["extras_len"][0] = len(raw)
 
     # --- GPU side -------------------------------------------------------------------------
     def ready(self) -> bool:
@@ -230,7 +243,13 @@ class AssistChannel:
         idx = self.buf["out_index"][:b].tolist()
         seed = self.buf["seed"][:b].tolist()
         lk = self.buf["logprobs_k"][:b].tolist()
-        return [SamplingRow(t[i], p[i], k[i], seed[i], idx[i], lk[i]) for i in range(b)]
+        pen: dict[int, tuple] = {}
+        n = int(self.buf["extras_len"][0])
+        if n:
+            raw = self.buf["extras"][:n].numpy().tobytes()
+            pen = {i: (p, tuple(out)) for i, p, out in _EXTRAS_DEC.decode(raw)}
+        return [SamplingRow(t[i], p[i], k[i], seed[i], idx[i], lk[i], *pen.get(i, (None, ())))
+                for i in range(b)]
 
 
 def pid_alive(pid: int) -> Callable[[], bool]:

@@ -78,6 +78,7 @@ class CpuWorker:
         if any(len(s.token_ids) != 1 for s in msg.seqs):
             raise ValueError("a CPU batch holds decode rows only (one token per request)")
         self.requests.apply_blocks(msg.seqs)
+        self.requests.apply_outputs(msg.seqs)
         rows = self.requests.sampling_rows(msg.seqs)
         if self.forced_route and msg.route not in ("", self.forced_route):
             raise ValueError(f"route {msg.route!r}: this worker's policy forces "

@@ -262,6 +262,7 @@ class GpuWorker:
             self.requests.set_blocks(m.req_id, m.dst_blocks)
             ready.append(m.req_id)
         self.ops.synchronize()
+        self.requests.apply_outputs(msg.seqs)
         main = [s for s in msg.seqs if not s.host_blocks]
         to_cpu = [s for s in msg.seqs if s.host_blocks]
         tokens: dict[int, tuple] = {}

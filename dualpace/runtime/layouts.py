@@ -139,6 +139,9 @@ class AssistLayout:
             ("logprobs_k", (r,), torch.int32),  # -1: none
             ("lp_out", (r, 1 + MAX_LOGPROBS), torch.float32),  # sampled, then the top k
             ("lp_ids", (r, MAX_LOGPROBS), torch.int64),
+            # penalized rows' Penalties and outputs, msgpack-encoded (sampling/penalties.py)
+            ("extras_len", (1,), torch.int32),
+            ("extras", (max(1 << 20, r * 8192),), torch.uint8),
             ("ids_in", (r,), torch.int64),
             ("pos_in", (r,), torch.int64),
             ("q_out", (r, self.attn_dim), torch.float32),

@@ -16,6 +16,7 @@ from typing import Union
 import msgspec
 
 from dualpace.resolved import ResolvedConfig
+from dualpace.sampling.penalties import Penalties
 
 
 class _Msg(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
@@ -30,6 +31,7 @@ class SamplingSpec(msgspec.Struct, array_like=True, gc=False):
     seed: int
     logprobs: int = -1  # k: the sampled token's logprob and the top k; -1: none
     prompt_logprobs: int = -1  # k for the prompt tokens' logprobs; -1: none
+    penalties: Penalties | None = None  # sampling/penalties.py; None: none asked for
 
 
 class NewRequest(_Msg, tag=1):
@@ -58,6 +60,8 @@ class SeqStep(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     out_index: int = 0
     host_blocks: list[int] = []
     next_token: int = -2  # prompt logprobs: -2 none; else the token after this chunk (-1: none)
+    outputs: list[int] = []  # penalized requests: the outputs from outputs_from on
+    outputs_from: int = 0
 
 
 class Migration(msgspec.Struct, array_like=True, gc=False):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dualpace.engine.gpu_round import GpuPlan, Move
 from dualpace.engine.request import EngineRequest
 from dualpace.runtime import protocol as P
+from dualpace.sampling.penalties import Penalties
 
 WORKERS = ("gpu", "cpu")
 
@@ -21,9 +22,11 @@ class Translator:
     recomputed), the CPU at a swap-out or Prefill-to-CPU; a swap-in hands the GPU worker the
     migration's destination table whole."""
 
-    def __init__(self):
+    def __init__(self, eos_ids: tuple[int, ...] = ()):
+        self.eos_ids = eos_ids  # with stop_token_ids: what min_tokens holds back
         self._introduced: dict[str, set[int]] = {k: set() for k in WORKERS}
         self._known: dict[str, dict[int, int]] = {k: {} for k in WORKERS}  # rid -> blocks
+        self._known_out: dict[str, dict[int, int]] = {k: {} for k in WORKERS}  # -> outputs
 
     def introductions(self, kind: str, reqs: list[EngineRequest]) -> list[P.NewRequest]:
         introduced, msgs = self._introduced[kind], []
@@ -34,14 +37,35 @@ class Translator:
                 msgs.append(P.NewRequest(req_id=r.rid, sampling=P.SamplingSpec(
                     temperature=float(p.temperature), top_p=float(p.top_p), top_k=int(p.top_k),
                     seed=r.seed, logprobs=-1 if p.logprobs is None else p.logprobs,
-                    prompt_logprobs=-1 if p.prompt_logprobs is None else p.prompt_logprobs)))
+                    prompt_logprobs=-1 if p.prompt_logprobs is None else p.prompt_logprobs,
+                    penalties=self._penalties(r))))
         return msgs
+
+    def _penalties(self, r: EngineRequest) -> Penalties | None:
+        p = r.params
+        if not p.penalized:
+            return None
+        stops = () if p.ignore_eos else self.eos_ids
+        return Penalties(
+            presence=float(p.presence_penalty), frequency=float(p.frequency_penalty),
+            repetition=float(p.repetition_penalty), min_tokens=p.min_tokens,
+            stop_ids=tuple(sorted(set(stops) | set(p.stop_token_ids))), bias=p.logit_bias,
+            prompt=tuple(r.prompt) if p.repetition_penalty != 1.0 else ())
+
+    def _outputs(self, r: EngineRequest, kind: str) -> dict:
+        """A penalized request's outputs this worker has not been told yet."""
+        if not r.params.penalized:
+            return {}
+        frm = self._known_out[kind].get(r.rid, 0)
+        self._known_out[kind][r.rid] = len(r.out)
+        return {"outputs": r.out[frm:], "outputs_from": frm}
 
     def releases(self, r: EngineRequest) -> list[tuple[str, P.Release]]:
         """(worker group, message) for every group that knows ``r``; forgets it."""
         out = []
         for k in WORKERS:
             self._known[k].pop(r.rid, None)
+            self._known_out[k].pop(r.rid, None)
             if r.rid in self._introduced[k]:
                 self._introduced[k].discard(r.rid)
                 out.append((k, P.Release(req_ids=[r.rid])))
@@ -51,6 +75,7 @@ class Translator:
         """The workers restarted: nothing is known to them any more."""
         for k in WORKERS:
             self._known[k].clear()
+            self._known_out[k].clear()
             self._introduced[k].clear()
 
     def _table_diff(self, r: EngineRequest, kind: str) -> tuple[list[int], bool]:
@@ -64,7 +89,7 @@ class Translator:
         new, reset = self._table_diff(r, kind)
         return P.SeqStep(req_id=r.rid, token_ids=[_all_tokens(r)[-1]],
                          start_pos=r.num_tokens - 1, new_blocks=new, reset=reset,
-                         out_index=len(r.out))
+                         out_index=len(r.out), **self._outputs(r, kind))
 
     def _prefill_step(self, r: EngineRequest, n: int) -> P.SeqStep:
         if r.computed == 0:
@@ -73,13 +98,14 @@ class Translator:
         toks = _all_tokens(r)[r.computed:r.computed + n]
         return P.SeqStep(req_id=r.rid, token_ids=toks, start_pos=r.computed, new_blocks=new,
                          reset=reset, sample=r.computed + n == r.num_tokens,
-                         out_index=len(r.out), next_token=_next_token(r, r.computed + n))
+                         out_index=len(r.out), next_token=_next_token(r, r.computed + n),
+                         **self._outputs(r, "gpu"))
 
     def _prefill_to_cpu_step(self, r: EngineRequest) -> P.SeqStep:
         self._known["cpu"][r.rid] = -1
         return P.SeqStep(req_id=r.rid, token_ids=_all_tokens(r), start_pos=0,
                          host_blocks=list(r.blocks), out_index=len(r.out),
-                         next_token=_next_token(r, r.num_tokens))
+                         next_token=_next_token(r, r.num_tokens), **self._outputs(r, "gpu"))
 
     def gpu_batch(self, step_id: int, plan: GpuPlan) -> P.GpuBatch:
         """The descriptor of a committed GPU plan; its seqs follow ``plan.step_rows()``."""

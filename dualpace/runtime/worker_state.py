@@ -16,6 +16,7 @@ from dualpace.sampling.sampler import SamplingRow
 class WorkerRequest:
     sampling: SamplingSpec
     blocks: list[int] = field(default_factory=list)
+    outputs: list[int] = field(default_factory=list)  # penalized requests only
 
 
 class RequestTable:
@@ -35,6 +36,14 @@ class RequestTable:
         except KeyError:
             raise ValueError(f"request {req_id} was never introduced to this worker") from None
 
+    def apply_outputs(self, seqs: list[SeqStep]) -> None:
+        """A penalized request's outputs, as far as this step's descriptor says (idempotent:
+        ``outputs`` replace everything from ``outputs_from`` on)."""
+        for s in seqs:
+            if s.outputs or s.outputs_from:
+                req = self.get(s.req_id)
+                req.outputs[s.outputs_from:] = s.outputs
+
     def apply_blocks(self, seqs: list[SeqStep]) -> None:
         for s in seqs:
             req = self.get(s.req_id)
@@ -50,8 +59,9 @@ class RequestTable:
         rows = []
         for s in seqs:
             sp = self.get(s.req_id).sampling
+            out = tuple(self.get(s.req_id).outputs[:s.out_index]) if sp.penalties else ()
             rows.append(SamplingRow(sp.temperature, sp.top_p, sp.top_k, sp.seed, s.out_index,
-                                    sp.logprobs))
+                                    sp.logprobs, sp.penalties, out))
         return rows
 
     def forward_batch(self, seqs: list[SeqStep], block_size: int,

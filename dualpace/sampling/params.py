@@ -40,6 +40,11 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # k: each sampled token's logprob and the top k alternatives
     prompt_logprobs: int | None = None  # k: each prompt token's (after the first) and top k
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0  # stop tokens (EOS, stop_token_ids) are masked until this many
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); a dict is accepted
 
     def __post_init__(self):
         # Accept lists / a single string for stop and stop_token_ids, store tuples (hashable).
@@ -75,6 +80,25 @@ class SamplingParams:
         _check(self.logprobs is None or self.logprobs <= MAX_LOGPROBS, "logprobs",
                f"Requested sample logprobs of {self.logprobs}, which is greater than max "
                f"allowed: {MAX_LOGPROBS}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            _check(_is_num(v) and -2.0 <= v <= 2.0, name, f"must be in [-2, 2], got {v!r}")
+        _check(_is_num(self.repetition_penalty) and self.repetition_penalty > 0.0,
+               "repetition_penalty", f"must be greater than zero, got "
+               f"{self.repetition_penalty!r}")
+        _check(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens",
+               f"must be a non-negative integer, got {self.min_tokens!r}")
+        _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
+               f"min_tokens ({self.min_tokens}) must not exceed max_tokens "
+               f"({self.max_tokens})")
+        bias = self.logit_bias or ()
+        if isinstance(bias, dict):
+            bias = tuple(sorted(bias.items()))
+        _check(isinstance(bias, (list, tuple)) and all(
+            isinstance(e, (list, tuple)) and len(e) == 2 and _is_int(e[0]) and e[0] >= 0
+            and _is_num(e[1]) and -100.0 <= e[1] <= 100.0 for e in bias), "logit_bias",
+            "must map token ids to biases in [-100, 100]")
+        object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in bias))
         _check(self.prompt_logprobs is None or (_is_int(self.prompt_logprobs)
                                                 and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
                "prompt_logprobs", f"Requested prompt logprobs of {self.prompt_logprobs}, "
@@ -83,3 +107,9 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Any of the per-row logit adjustments (sampling/penalties.py) is asked for."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.min_tokens
+                    or self.logit_bias or self.repetition_penalty != 1.0)

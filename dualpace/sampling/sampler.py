@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from dualpace.sampling.logprobs import TokenLogprobs, token_logprobs
+from dualpace.sampling.penalties import Penalties, apply_penalties
 
 _MASK64 = (1 << 64) - 1
 
@@ -36,6 +37,8 @@ class SamplingRow:
     seed: int  # always set: the engine draws one for unseeded requests
     step: int  # index of the token being sampled among the request's outputs
     logprobs: int = -1  # k: the sampled token's logprob and the top k; -1: none
+    penalties: Penalties | None = None
+    outputs: tuple[int, ...] = ()  # the request's outputs so far (penalties only)
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
@@ -56,6 +59,7 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
     """logits [B, V] (fp32) -> one token id per row."""
     if logits.shape[0] != len(rows):
         raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sampling rows")
+    logits = apply_penalties(logits, rows)
     out = logits.argmax(dim=-1)
     rand = [i for i, r in enumerate(rows) if r.temperature > 0.0]
     if rand:

@@ -62,6 +62,11 @@ def sampling_params(body: dict, max_tokens_default: int | None,
             n=1,
             logprobs=logprobs,
             prompt_logprobs=prompt_lp,
+            presence_penalty=float(_opt(body, "presence_penalty", "num", 0.0)),
+            frequency_penalty=float(_opt(body, "frequency_penalty", "num", 0.0)),
+            repetition_penalty=float(_opt(body, "repetition_penalty", "num", 1.0)),
+            min_tokens=_opt(body, "min_tokens", "int", 0),
+            logit_bias=_logit_bias(body, vocab_size),
             temperature=float(_opt(body, "temperature", "num", 1.0)),
             top_p=float(_opt(body, "top_p", "num", 1.0)),
             top_k=_opt(body, "top_k", "int", -1),
@@ -81,6 +86,32 @@ class StreamFlags:
     stream: bool
     include_usage: bool  # a final chunk with the usage
     continuous_usage: bool  # usage so far in every chunk (vLLM's continuous_usage_stats)
+
+
+def _logit_bias(body: dict, vocab_size: int | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id": bias}: every bad key named at once, ids checked against the
+    vocabulary (vLLM's checks; biases in [-100, 100] are checked by SamplingParams)."""
+    raw = body.get("logit_bias")
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise bad_request("'logit_bias' must be an object mapping token ids to biases",
+                          "logit_bias")
+    bad_keys = [k for k in raw if not (isinstance(k, str) and k.strip().lstrip("-").isdigit())]
+    if bad_keys:
+        raise bad_request(f"logit_bias keys must be token ids (integers); invalid: "
+                          f"{', '.join(repr(k) for k in bad_keys)}", "logit_bias")
+    bad_vals = [k for k, v in raw.items() if not (isinstance(v, (int, float))
+                                                  and not isinstance(v, bool))]
+    if bad_vals:
+        raise bad_request(f"logit_bias values must be numbers; invalid for token id(s) "
+                          f"{', '.join(bad_vals)}", "logit_bias")
+    ids = {int(k): float(v) for k, v in raw.items()}
+    oov = sorted(t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size))
+    if oov:
+        raise bad_request(f"token_id(s) {oov} in logit_bias contain out-of-vocab token ids. "
+                          f"Vocabulary size: {vocab_size}", "logit_bias")
+    return tuple(sorted(ids.items()))
 
 
 def _logprobs(body: dict, chat: bool) -> int | None:

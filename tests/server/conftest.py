@@ -92,3 +92,16 @@ def server(tiny_model):
     s = ServerProcess(tiny_model, "--max-num-seqs", "64")
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="module", params=["", "0,0"], ids=["full-cpu", "fused-assist"])
+def tiers(request, tiny_model):
+    """A GPU pool too small for the load (8 blocks, 2 rows, 48-token batches), so the CPU
+    tier decodes and samples some requests: Full-CPU, or Fused-Assist (the GPU side of the
+    Dense Assist samples the CPU tier's tokens)."""
+    extra = ["--assist-thresholds", request.param] if request.param else []
+    s = ServerProcess(tiny_model, "--gpu-kv-blocks", "8", "--max-num-seqs", "2",
+                      "--max-num-batched-tokens", "48", *extra)
+    s.route = "fused-assist" if request.param else "full-cpu"
+    yield s
+    s.stop()

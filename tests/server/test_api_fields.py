@@ -140,8 +140,8 @@ def test_no_op_values_of_unsupported_fields_pass(server):
     assert r.choices[0].finish_reason in ("length", "stop")
 
 
-@pytest.mark.parametrize("field,value", [("best_of", 3), ("frequency_penalty", 0.3),
-                                         ("min_tokens", 4), ("guided_json", {"a": 1})])
+@pytest.mark.parametrize("field,value", [("best_of", 3), ("min_p", 0.1),
+                                         ("use_beam_search", True), ("guided_json", {"a": 1})])
 def test_unsupported_fields_are_refused_by_name(server, field, value):
     status, r = _post(server, "/v1/completions", {"model": "tiny", "prompt": "x", field: value})
     assert status == 400 and r["error"]["param"] == field and field in r["error"]["message"]

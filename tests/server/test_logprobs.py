@@ -14,8 +14,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from .conftest import ServerProcess
-
 K = 3
 ATOL = 2e-3
 
@@ -23,16 +21,6 @@ ATOL = 2e-3
 @pytest.fixture(scope="module")
 def hf(tiny_model):
     return AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module", params=["", "0,0"], ids=["full-cpu", "fused-assist"])
-def tiers(request, tiny_model):
-    extra = ["--assist-thresholds", request.param] if request.param else []
-    s = ServerProcess(tiny_model, "--gpu-kv-blocks", "8", "--max-num-seqs", "2",
-                      "--max-num-batched-tokens", "48", *extra)
-    s.route = "fused-assist" if request.param else "full-cpu"
-    yield s
-    s.stop()
 
 
 def _client(server):
