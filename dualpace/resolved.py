@@ -16,12 +16,12 @@ import msgspec
 
 from dualpace.config import DEFAULT_CPU_BATCH_LIMIT, EngineConfig, parse_thresholds
 from dualpace.engine.policy import Policy, policy_named
-from dualpace.runtime.layouts import AssistLayout, HostKVLayout
+from dualpace.kv.block_pool import blocks_for_tokens
+from dualpace.runtime.layouts import DTYPES, AssistLayout, HostKVLayout
 from dualpace.runtime.routing import no_assist
 
 # Default GPU-side pool when --gpu-kv-blocks is not given.
 DEFAULT_GPU_KV_BYTES = 512 << 20
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 class ResolvedConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -101,12 +101,13 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
     kv_row = 2 * mc.num_layers * mc.num_kv_heads * bs * mc.head_dim
     gpu_blocks = config.gpu_kv_blocks
     if not gpu_blocks:
-        wanted = config.max_num_seqs * -(-max_len // bs)
-        gpu_blocks = max(1, min(wanted, DEFAULT_GPU_KV_BYTES // (kv_row * _ITEMSIZE[gpu_dtype])))
+        wanted = config.max_num_seqs * blocks_for_tokens(max_len, bs)
+        per_block = kv_row * DTYPES[gpu_dtype].itemsize
+        gpu_blocks = max(1, min(wanted, DEFAULT_GPU_KV_BYTES // per_block))
     mc.shard(config.gpu_tp)  # divisibility of heads / MLP, with a clear error
     mc.shard(config.cpu_tp)
     cpu_dtype, isa = _cpu_dtype_and_isa(config.cpu_dtype)
-    per_host_block = kv_row * _ITEMSIZE[cpu_dtype]
+    per_host_block = kv_row * DTYPES[cpu_dtype].itemsize
     host_blocks = int(config.cpu_kv_gib * (1 << 30)) // per_host_block
     if host_blocks < 1:
         raise ValueError(f"cpu_kv_gib: {config.cpu_kv_gib} GiB holds no KV block "
@@ -119,7 +120,8 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
     # Staging for Prefill-to-CPU: one layer of a full batched-token budget, or of the
     # longest prompt (one past the batched-token limit goes alone in its round), plus one
     # block per row for the rounding of each prompt's last block.
-    staging = -(-max(config.max_num_batched_tokens, max_len) // bs) + config.max_num_seqs
+    staging = (blocks_for_tokens(max(config.max_num_batched_tokens, max_len), bs)
+               + config.max_num_seqs)
     gpu_cores, cpu_cores = split_cores(sorted(os.sched_getaffinity(0)), config.gpu_cores,
                                        config.cpu_cores)
     return ResolvedConfig(

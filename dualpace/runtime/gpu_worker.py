@@ -320,13 +320,14 @@ class GpuWorker:
             self.boundary()
         if staging_tables is not None:
             self.ops.synchronize()
-        last = fb.logits_indices.tolist()
-        for j, s in enumerate(seqs):
-            if s.next_token > -2:
-                targets = s.token_ids[1:] + ([s.next_token] if s.next_token >= 0 else [])
-                first = last[j] - len(s.token_ids) + 1
-                k = self.requests.get(s.req_id).sampling.prompt_logprobs
-                plps[id(s)] = prompt_logprobs(m.post_layer, hidden[first:], targets, max(k, 0))
+        want = [j for j, s in enumerate(seqs) if s.next_token > -2]
+        last = fb.logits_indices.tolist() if want else []  # a device sync: only when asked
+        for j in want:
+            s = seqs[j]
+            targets = s.token_ids[1:] + ([s.next_token] if s.next_token >= 0 else [])
+            first = last[j] - len(s.token_ids) + 1
+            k = self.requests.get(s.req_id).sampling.prompt_logprobs
+            plps[id(s)] = prompt_logprobs(m.post_layer, hidden[first:], targets, max(k, 0))
         sampling = [(j, s) for j, s in enumerate(seqs) if s.sample]
         if not sampling:
             return {}

@@ -16,6 +16,7 @@ from typing import Union
 import msgspec
 
 from dualpace.resolved import ResolvedConfig
+from dualpace.sampling.logprobs import TokenLogprobs
 from dualpace.sampling.penalties import Penalties
 
 
@@ -114,15 +115,6 @@ class ProfileAssist(_Msg, tag=5):
 
 
 # --- worker -> engine (data-plane ring) ----------------------------------------------------
-class Logprobs(msgspec.Struct, array_like=True, gc=False):
-    """A sampled token's logprob and the k most likely tokens' (sampling/logprobs.py)."""
-
-    logprob: float
-    top_ids: list[int]
-    top_logprobs: list[float]
-    rank: int = 1
-
-
 class StepDone(_Msg, tag=10):
     """tokens[i] is the token sampled for seqs[i] of the step (-1 where it sampled none);
     logprobs[i] its logprobs where the request asked for them (empty when none did);
@@ -130,8 +122,8 @@ class StepDone(_Msg, tag=10):
 
     step_id: int
     tokens: list[int] = []
-    logprobs: list[Logprobs | None] = []
-    prompt_logprobs: list[list[Logprobs]] = []  # per seq: its chunk's (empty: not asked)
+    logprobs: list[TokenLogprobs | None] = []
+    prompt_logprobs: list[list[TokenLogprobs]] = []  # per seq: its chunk's (empty: not asked)
     ready: list[int] = []
     route: str = ""
     assist_calls: int = 0
@@ -237,13 +229,9 @@ to_engine_decoder = msgspec.msgpack.Decoder(WorkerToEngine)
 control_decoder = msgspec.msgpack.Decoder(Control)
 
 
-def wire_logprobs(lps) -> list[Logprobs | None]:
-    """TokenLogprobs (or None) per row -> the wire form; [] when no row has any."""
-    if all(x is None for x in lps):
-        return []
-    return [None if x is None else Logprobs(x.logprob, list(x.top_ids), list(x.top_logprobs),
-                                            x.rank)
-            for x in lps]
+def wire_logprobs(lps: list[TokenLogprobs | None]) -> list[TokenLogprobs | None]:
+    """The rows' logprobs as StepDone carries them: [] when no row asked for any."""
+    return [] if all(x is None for x in lps) else lps
 
 
 def encode(msg: msgspec.Struct) -> bytes:

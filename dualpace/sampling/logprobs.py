@@ -7,15 +7,15 @@ CPU tier, or the GPU side of a Dense Assist call), so the value does not depend 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import msgspec
 import torch
 
 from dualpace.sampling.params import MAX_LOGPROBS
 
 
-@dataclass(frozen=True)
-class TokenLogprobs:
+class TokenLogprobs(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """Also the wire form (StepDone carries these as they are)."""
+
     logprob: float  # of the sampled (or, for prompt logprobs, the actual) token
     top_ids: tuple[int, ...]  # the k most likely tokens, most likely first
     top_logprobs: tuple[float, ...]

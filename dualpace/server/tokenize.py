@@ -19,10 +19,7 @@ def tokenize(body: dict, tokenizer, max_model_len: int) -> dict:
     if ("prompt" in body) == ("messages" in body):
         raise bad_request("give exactly one of 'prompt' or 'messages'", "prompt")
     if "messages" in body:
-        reject_unsupported({k: body[k] for k in ("tools", "tool_choice", "chat_template",
-                                                 "chat_template_kwargs",
-                                                 "continue_final_message") if k in body},
-                           chat=True)
+        reject_unsupported(body, chat=True)  # tools, chat_template, ...: as for chat
         tokens = chat_prompt(body, tokenizer)
     else:
         prompt = body["prompt"]

@@ -48,7 +48,6 @@ CHAT = {
     "tool_choice": ("none",),
     "functions": _NO_VALUES,
     "function_call": ("none",),
-    "parallel_tool_calls": (),  # meaningless without tools: accepted as the tools check runs
     "continue_final_message": _OFF_FLAG,
     "documents": _NO_VALUES,
     "chat_template": ("",),
@@ -60,7 +59,6 @@ CHAT = {
     "prediction": (),
     "web_search_options": (),
 }
-_ACCEPTED = {"parallel_tool_calls"}
 
 
 def _is_noop(value, allowed) -> bool:
@@ -72,7 +70,7 @@ def _is_noop(value, allowed) -> bool:
 def reject_unsupported(body: dict, chat: bool) -> None:
     table = {**COMMON, **(CHAT if chat else COMPLETIONS)}
     for name, allowed in table.items():
-        if name in _ACCEPTED or body.get(name) is None:
+        if body.get(name) is None:
             continue
         if not _is_noop(body[name], allowed):
             raise bad_request(f"'{name}' is not supported by this server (DualPace "
