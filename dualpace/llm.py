@@ -81,7 +81,9 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """One output per prompt, in order. Prompts are strings or token-id lists."""
+        """One output per prompt, in order; with ``n`` > 1 samples, ``n`` consecutive
+        outputs per prompt (one prefill each prompt). Prompts are strings or token-id
+        lists."""
         serving = self._live()
         if isinstance(prompts, str) or (
             isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
@@ -96,10 +98,11 @@ class LLM:
 
     @staticmethod
     async def _generate(serving: ServingEngine, ids, plist) -> list[RequestOutput]:
-        streams = []
+        streams, prompts = [], []
         try:
             for p, sp in zip(ids, plist):
-                streams.append(serving.add_request(p, sp))
+                streams += serving.add_samples(p, sp)
+                prompts += [p] * sp.n
         except BaseException:
             for s in streams:
                 serving.abort(s.rid)
@@ -114,7 +117,7 @@ class LLM:
                     reason, error = d.finish_reason, d.error
             return RequestOutput(f"req-{stream.rid}", prompt, toks, "".join(text), reason, error)
 
-        return list(await asyncio.gather(*(collect(p, s) for p, s in zip(ids, streams))))
+        return list(await asyncio.gather(*(collect(p, s) for p, s in zip(prompts, streams))))
 
     def metrics(self) -> dict[str, float]:
         """The samples ``/metrics`` exposes, keyed by Prometheus sample name with labels."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -165,6 +166,28 @@ PLANTS = [
     Plant("scheduler-imports-transport", "the scheduler's request module imports msgspec",
           "dualpace/engine/request.py", "import enum\n", "import enum\n\nimport msgspec  # noqa\n",
           ("tests/engine/test_torch_free.py",)),
+    Plant("fork-gpu-copy-skips-v", "the GPU-pool fork copies K but not V into the siblings",
+          "dualpace/runtime/gpu_worker.py",
+          "                    self.ops.copy_within(self.kv.v[i], src, f.blocks[:nb])",
+          "                    pass",
+          ("tests/server/test_parallel_sampling.py::"
+           "test_seeded_choices_equal_lone_requests_with_seed_plus_j",)),
+    Plant("fork-host-copy-missing", "Prefill-to-CPU fills the first request's host blocks "
+          "only, not its siblings'", "dualpace/runtime/gpu_worker.py",
+          "                    for dst in [s.host_blocks, *(f.blocks for f in s.forks)]:",
+          "                    for dst in [s.host_blocks]:",
+          ("tests/server/test_parallel_sampling.py::"
+           "test_seeded_choices_equal_lone_requests_with_seed_plus_j",)),
+    Plant("fork-sibling-not-in-flight", "a sibling whose blocks the forking step fills can be "
+          "aborted (and its blocks reused) under the step", "dualpace/engine/llm_engine.py",
+          "        involved += [f for row in rows for f in row.forks]\n", "",
+          ("tests/engine/test_parallel_sampling.py",)),
+    Plant("fork-orphans-lost", "siblings of a request aborted mid-prefill are never requeued",
+          "dualpace/engine/llm_engine.py", "            self._orphan_forks(r)\n", "",
+          ("tests/engine/test_parallel_sampling.py",)),
+    Plant("fork-same-seed", "every sample of a group uses the request's seed",
+          "dualpace/engine/llm_engine.py", "_int64(seed + i),", "_int64(seed),",
+          ("tests/engine/test_parallel_sampling.py",)),
 ]
 
 
@@ -191,6 +214,8 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    # SIGTERM (a killed job) unwinds like Ctrl-C, so the planted file is restored.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results = []
     for p in PLANTS:
         if args.only and p.id not in args.only:

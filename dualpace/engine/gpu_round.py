@@ -27,11 +27,14 @@ class Move:
 @dataclass(frozen=True)
 class StepRow:
     """One row of a GPU step, in the order the descriptor's seqs and the result's tokens
-    follow: a decode, a prefill chunk of ``tokens`` tokens, or a whole Prefill-to-CPU."""
+    follow: a decode, a prefill chunk of ``tokens`` tokens, or a whole Prefill-to-CPU.
+    ``forks``: the siblings (n > 1) whose blocks take the prompt's KV once this row's
+    prefill has written it (the row that completes the prompt)."""
 
     kind: Literal["decode", "prefill", "to_cpu"]
     req: EngineRequest
     tokens: int
+    forks: tuple[EngineRequest, ...] = ()
 
 
 @dataclass
@@ -56,8 +59,13 @@ class GpuPlan:
     def step_rows(self) -> list[StepRow]:
         """The committed plan's rows: decodes, then prefill chunks, then Prefill-to-CPU."""
         return ([StepRow("decode", r, 1) for r in self.decodes]
-                + [StepRow("prefill", r, n) for r, n in self.prefills]
-                + [StepRow("to_cpu", r, r.num_tokens) for r in self.to_cpu])
+                + [StepRow("prefill", r, n, _forks(r) if r.computed + n == r.num_tokens
+                           else ()) for r, n in self.prefills]
+                + [StepRow("to_cpu", r, r.num_tokens, _forks(r)) for r in self.to_cpu])
+
+
+def _forks(r: EngineRequest) -> tuple[EngineRequest, ...]:
+    return tuple(r.group()[1:])
 
 
 @dataclass
@@ -73,7 +81,8 @@ def _gpu_population(st: SchedulerState, plan: GpuPlan) -> list[EngineRequest]:
     GPU-owned requests, this round's admissions, then requests marked for a swap-in."""
     evicted = {m.req.rid for m in plan.swap_out}
     pop = [r for r in st.gpu_running if r.rid not in evicted]
-    pop += [r for r, _ in plan.prefills if r not in pop] + [m.req for m in plan.swap_in]
+    pop += [q for r, _ in plan.prefills for q in r.group() if q not in pop]
+    pop += [m.req for m in plan.swap_in]
     taken = {m.req.rid for m in plan.swap_in}
     pop += [r for r in st.marked() if r.rid not in taken]
     return pop
@@ -240,7 +249,7 @@ def step5_admit_prefills(st: SchedulerState, plan: GpuPlan, b: _Budget) -> None:
     back from the host per chunk; one long step instead delays the round's GPU decodes once,
     as a prompt without chunked prefill does in vLLM."""
     for r in st.gpu_running:
-        if r.phase is Phase.PREFILL and b.tokens > 0 and b.rows > 0:
+        if r.phase is Phase.PREFILL and not r.awaiting_fork and b.tokens > 0 and b.rows > 0:
             n = min(r.num_tokens - r.computed, b.tokens)
             plan.prefills.append((r, n))
             b.tokens -= n
@@ -256,38 +265,40 @@ def step5_admit_prefills(st: SchedulerState, plan: GpuPlan, b: _Budget) -> None:
         alone = total > st.limits.gpu_token_limit and not plan.prefills and not plan.to_cpu
         if b.rows < 1 or (b.tokens < 1 and not alone):
             break
-        need = blocks_for_tokens(total, st.gpu_pool.block_size)
+        group = r.group()  # n > 1: the siblings are admitted with it, blocks and all
+        need = blocks_for_tokens(total, st.gpu_pool.block_size) * len(group)
         if (not to_cpu_mode and b.tokens >= 1 and need <= b.free
-                and len(st.gpu_running) + b_new(plan) < st.limits.max_num_seqs):
-            reserve = st.migration_reserve_for([*population, r])
+                and len(st.gpu_running) + b_new(plan) + len(group) <= st.limits.max_num_seqs):
+            reserve = st.migration_reserve_for([*population, *group])
             if not st.policy.host_tier or st.host_fits(planned=plan.host_planned,
                                                         growth=growth, migration=reserve):
                 n = min(total, b.tokens)
                 plan.prefills.append((r, n))
-                population.append(r)
+                population += group
                 b.free -= need
                 b.tokens -= n
                 b.rows -= 1
-                b.peak += r.peak_blocks
+                b.peak += sum(q.peak_blocks for q in group)
                 continue
         if not st.policy.host_tier:
             break
         n_host = blocks_for_tokens(total, st.host_pool.block_size)
         if (total > b.tokens and not alone) or n_host > staging:
-            break
-        if not st.host_fits(planned=plan.host_planned + n_host, growth=growth,
+            break  # (the staging area holds the prompt once; siblings' copies leave from it)
+        if not st.host_fits(planned=plan.host_planned + n_host * len(group), growth=growth,
                             migration=st.migration_reserve_for(population)):
             break
         plan.to_cpu.append(r)
         to_cpu_mode = True
-        plan.host_planned += n_host
+        plan.host_planned += n_host * len(group)
         staging -= n_host
         b.tokens -= total
         b.rows -= 1
 
 
 def b_new(plan: GpuPlan) -> int:
-    return sum(1 for r, _ in plan.prefills if r.phase is Phase.WAITING)
+    """Requests this round's new prompts add to the GPU running queue (siblings included)."""
+    return sum(len(r.group()) for r, _ in plan.prefills if r.phase is Phase.WAITING)
 
 
 # --- step 6 ---------------------------------------------------------------------------------
@@ -346,16 +357,18 @@ def step7_commit(st: SchedulerState, plan: GpuPlan) -> None:
     for r, _ in plan.prefills:
         if r.phase is Phase.WAITING:
             st.gpu_waiting.remove(r)
-            r.blocks = st.gpu_pool.allocate(blocks_for_tokens(r.num_tokens,
-                                                              st.gpu_pool.block_size))
-            r.phase = Phase.PREFILL
-            st.gpu_running.append(r)
+            nb = blocks_for_tokens(r.num_tokens, st.gpu_pool.block_size)
+            for q in r.group():  # siblings wait in PREFILL, awaiting_fork, for the KV copy
+                q.blocks = st.gpu_pool.allocate(nb)
+                q.phase = Phase.PREFILL
+                st.gpu_running.append(q)
     for r in plan.to_cpu:
         st.gpu_waiting.remove(r)
-        r.blocks = st.host_pool.allocate(blocks_for_tokens(r.num_tokens,
-                                                           st.host_pool.block_size))
-        r.owner, r.ready, r.phase = Owner.CPU, False, Phase.DECODE
-        st.cpu_waiting.append(r)
+        nb = blocks_for_tokens(r.num_tokens, st.host_pool.block_size)
+        for q in r.group():  # unready until the step has written the KV into them all
+            q.blocks = st.host_pool.allocate(nb)
+            q.owner, q.ready, q.phase = Owner.CPU, False, Phase.DECODE
+            st.cpu_waiting.append(q)
 
 
 def gpu_round(st: SchedulerState) -> GpuPlan:

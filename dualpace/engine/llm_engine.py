@@ -49,6 +49,11 @@ def _gpu_work(plan: GpuPlan) -> GpuWork:
     return GpuWork(tokens=tokens, context=context, rows=plan.rows)
 
 
+def _int64(x: int) -> int:
+    """``x`` wrapped into the signed 64-bit range (a sibling's seed s + i at s = 2**63 - 1)."""
+    return (x + 2**63) % 2**64 - 2**63
+
+
 class EngineDead(RuntimeError):
     """The engine cannot serve (its workers failed past the restart bound, or it stopped)."""
 
@@ -146,6 +151,21 @@ class LLMEngine:
     # --- requests ---------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
                     max_model_len: int) -> RequestStream:
+        """One sample of ``prompt_ids`` (``params.n`` must be 1: see ``add_samples``)."""
+        if params.n != 1:
+            raise ValueError(f"n: add_request takes n=1, got {params.n}; use add_samples")
+        return self.add_samples(prompt_ids, params, max_model_len)[0]
+
+    def add_samples(self, prompt_ids: list[int], params: SamplingParams,
+                    max_model_len: int) -> list[RequestStream]:
+        """``params.n`` samples of one prompt, a stream each. Parallel sampling is one
+        prefill: the first request carries the others (``forks``) through admission, where
+        they get blocks of their own in the same pool, and the step that completes its
+        prompt copies the prompt's KV into them (a copy, not shared copy-on-write blocks:
+        block accounting stays one owner per block, as every invariant and migration
+        assumes). Each sibling then decodes on its own from the prompt's last position
+        (recomputed: its first token is sampled from its own seed). With ``seed`` s the
+        samples use s, s+1, ... (vLLM's parallel sampling), so the n choices repeat."""
         if self.dead:
             raise EngineDead(self.dead)
         if not prompt_ids:
@@ -166,17 +186,41 @@ class LLMEngine:
         if peak > cap:
             raise ValueError(f"request needs up to {peak} KV blocks; the largest KV pool has "
                              f"{cap}")
+        if params.n > 1:
+            self._check_group(len(prompt_ids), params.n)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-        r = EngineRequest(next(self._ids), list(prompt_ids), params, seed, max_tokens,
-                          self.block_size, arrival=self.clock())
-        self.requests[r.rid] = r
-        detok = (IncrementalDetokenizer(self.tokenizer, prompt_ids)
-                 if self.tokenizer is not None else None)
-        stream = RequestStream(r.rid, params, detok, len(prompt_ids))
-        self.streams[r.rid] = stream
-        self.state.gpu_waiting.append(r)
+        now = self.clock()
+        reqs = [EngineRequest(next(self._ids), list(prompt_ids), params, _int64(seed + i),
+                              max_tokens, self.block_size, arrival=now,
+                              awaiting_fork=i > 0) for i in range(params.n)]
+        reqs[0].forks = reqs[1:]
+        streams = []
+        for i, r in enumerate(reqs):
+            self.requests[r.rid] = r
+            detok = (IncrementalDetokenizer(self.tokenizer, prompt_ids)
+                     if self.tokenizer is not None else None)
+            stream = RequestStream(r.rid, params, detok, len(prompt_ids), sample_index=i)
+            self.streams[r.rid] = stream
+            streams.append(stream)
+        self.state.gpu_waiting.append(reqs[0])
         self._gpu_wake.set()
-        return stream
+        return streams
+
+    def _check_group(self, prompt_len: int, n: int) -> None:
+        """A group is admitted whole (gpu_round step 5): to HBM, n rows and n prompts' blocks;
+        Prefill-to-CPU, n prompts' host blocks. One that fits neither pool when empty would
+        wait for ever: refuse it now."""
+        st = self.state
+        nb = blocks_for_tokens(prompt_len, self.block_size) * n
+        gpu_ok = n <= st.limits.max_num_seqs and nb <= st.gpu_pool.num_blocks
+        cpu_ok = st.policy.host_tier and nb <= st.host_pool.num_blocks
+        if not (gpu_ok or cpu_ok):
+            where = (f"{st.limits.max_num_seqs} sequences and {st.gpu_pool.num_blocks} GPU KV "
+                     "blocks")
+            if st.policy.host_tier:
+                where += f", or {st.host_pool.num_blocks} host KV blocks"
+            raise ValueError(f"n: {n} samples of a {prompt_len}-token prompt need {nb} KV "
+                             f"blocks at once; this server admits at most {where}")
 
     def abort(self, rid: int, reason: str = "abort") -> None:
         """Finish a request in any state; a request inside a submitted step finishes when
@@ -205,10 +249,12 @@ class LLMEngine:
         """One GPU step; with ``cpu_batch`` (gated) the CPU sub-batches run as NEO's
         pipeline beside it (``split``: how many of them are sub-batch 0)."""
         step_id = next(self._steps)
-        batch = self.wire.gpu_batch(step_id, plan)
         rows = plan.step_rows()
+        batch = self.wire.gpu_batch(step_id, plan, rows)
         involved = [m.req for m in plan.swap_out + plan.swap_in] + [row.req for row in rows]
         self._introduce("gpu", involved)
+        # Siblings whose blocks this step fills are in it too: an abort waits for the step.
+        involved += [f for row in rows for f in row.forks]
         for r in involved:
             r.in_flight = "gpu"
         coros = [self.workers.gpu.step(batch)]
@@ -254,17 +300,54 @@ class LLMEngine:
                     self._settle_abort(r)
                     continue
                 r.phase = Phase.DECODE
+                self._forked(r, row.forks)
             elif row.kind == "to_cpu":
                 self.metrics.inc("dualpace:prompt_tokens_total", r.num_tokens)
                 self.metrics.inc("dualpace:kv_migrations_total", kind="prefill-to-cpu")
                 r.computed = r.num_tokens
                 r.ready = True
+                self._forked(r, row.forks)
             else:
                 r.computed = r.num_tokens
             self._append_token(r, token, "gpu", now, lp)
         for m in plan.swap_out + plan.swap_in:
             self._settle_abort(m.req)
         self._update_cpu_readiness(now)  # swap-outs and Prefill-to-CPU became ready
+
+    def _forked(self, r: EngineRequest, forks: tuple[EngineRequest, ...]) -> None:
+        """``r``'s prompt KV is now in its siblings' blocks: each decodes on its own from the
+        prompt's last position, which its first step recomputes (so it samples from its own
+        seed with the same logits). They share the prompt's logprobs."""
+        for f in forks:
+            f.in_flight = None
+            f.awaiting_fork = False
+            self.metrics.inc("dualpace:kv_migrations_total",
+                             kind="fork-gpu" if f.owner is Owner.GPU else "fork-cpu")
+            f.computed = len(f.prompt) - 1
+            f.prompt_lps = list(r.prompt_lps)
+            if f.owner is Owner.GPU:
+                f.phase = Phase.DECODE
+            else:
+                f.ready = True
+            self._settle_abort(f)
+        r.forks = []
+
+    def _orphan_forks(self, r: EngineRequest) -> None:
+        """``r`` ended before its prompt's KV was copied (an abort mid-prefill): its siblings
+        go back to the head of the GPU waiting queue to prefill themselves."""
+        st = self.state
+        for f in reversed(r.forks):
+            if f.finished:
+                continue
+            if f.blocks:  # admitted with r: its blocks hold nothing yet
+                (st.gpu_pool if f.owner is Owner.GPU else st.host_pool).free(f.blocks)
+                for q in (st.gpu_running, st.cpu_waiting):
+                    if f in q:
+                        q.remove(f)
+            f.blocks, f.computed, f.awaiting_fork = [], 0, False
+            f.owner, f.phase, f.ready = Owner.GPU, Phase.WAITING, True
+            st.gpu_waiting.appendleft(f)
+        r.forks = []
 
     # --- the CPU engine -----------------------------------------------------------------------
     async def _cpu_loop(self) -> None:
@@ -433,6 +516,7 @@ class LLMEngine:
             pool = st.gpu_pool if r.owner is Owner.GPU else st.host_pool
             pool.free(r.blocks)
             st.host_pool.free(r.pending_free)
+            self._orphan_forks(r)
         r.blocks, r.pending_free = [], []
         if release:
             for kind, msg in self.wire.releases(r):

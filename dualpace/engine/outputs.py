@@ -63,6 +63,7 @@ class RequestStream:
     last_reason: str | None = None  # the consumer's record of the finish reason
     closed: bool = False  # the final delta was produced
     done: bool = False  # the consumer received it
+    sample_index: int = 0  # which of the prompt's n samples (parallel sampling)
 
     def __aiter__(self):
         return self

@@ -51,12 +51,22 @@ class EngineRequest:
     token_times: list[float] = field(default_factory=list)
     preemptions: int = 0
     prompt_lps: list = field(default_factory=list)  # prompt logprobs so far (a worker's)
+    # Parallel sampling (n > 1): the group's first request carries its siblings in
+    # ``forks`` until its prefill has run; a sibling ``awaiting_fork`` holds blocks in the
+    # same pool but runs nothing until that prefill copies the prompt's KV into them.
+    forks: list[EngineRequest] = field(default_factory=list)
+    awaiting_fork: bool = False
 
     @property
     def prompt_logprobs_done(self) -> bool:
         """Every prompt token after the first has its logprob (a recomputed prefill does not
         ask again)."""
         return len(self.prompt_lps) >= len(self.prompt) - 1
+
+    def group(self) -> list[EngineRequest]:
+        """This request and the live siblings that take its prompt's KV (admitted together:
+        one prefill, its KV copied into each sibling's blocks)."""
+        return [self, *(s for s in self.forks if not s.finished)]
 
     # --- sizes ----------------------------------------------------------------------------
     @property

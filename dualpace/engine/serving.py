@@ -58,11 +58,20 @@ class ServingEngine:
         self.engine.mark_dead(self.runtime.failure or "workers failed")
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
+        """One sample (``params.n`` == 1)."""
+        self._check_live()
+        return self.engine.add_request(prompt_ids, params, self.max_model_len)
+
+    def add_samples(self, prompt_ids: list[int], params: SamplingParams) -> list[RequestStream]:
+        """``params.n`` samples of one prompt (one prefill; LLMEngine.add_samples)."""
+        self._check_live()
+        return self.engine.add_samples(prompt_ids, params, self.max_model_len)
+
+    def _check_live(self) -> None:
         if self.engine is None or self.engine.dead:
             raise EngineDead(self.engine.dead if self.engine else "engine not started")
         if not self.runtime.available.is_set():
             raise EngineUnavailable("workers are restarting")
-        return self.engine.add_request(prompt_ids, params, self.max_model_len)
 
     def abort(self, rid: int) -> None:
         if self.engine is not None:

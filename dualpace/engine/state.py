@@ -93,6 +93,12 @@ class SchedulerState:
                 want = Owner.GPU if name.startswith("gpu") else Owner.CPU
                 if r.owner is not want:
                     raise AssertionError(f"request {r.rid} in {name} owned by {r.owner}")
+        for r in self.gpu_waiting:  # n > 1: siblings not admitted yet wait with the first
+            for f in r.forks:
+                if f.rid in seen or f.blocks or not f.awaiting_fork:
+                    raise AssertionError(f"sibling {f.rid} of waiting request {r.rid} is "
+                                         "queued, holds blocks or awaits no fork")
+                seen[f.rid] = f"forks of {r.rid}"
         gpu_blocks = [b for r in live if r.owner is Owner.GPU for b in r.blocks]
         cpu_blocks = [b for r in live if r.owner is Owner.CPU for b in r.blocks]
         for r in live:  # host source blocks of a swap-in still in flight

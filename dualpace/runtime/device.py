@@ -83,6 +83,22 @@ class DeviceOps:
         else:
             dst.index_copy_(0, d_idx, src.index_select(0, s_idx).to(dst.device, dst.dtype))
 
+    def copy_within(self, pool: torch.Tensor, src_ids: list[int], dst_ids: list[int]) -> None:
+        """pool[dst_ids] = pool[src_ids] for whole blocks of one layer of one pool (disjoint
+        ids), in order with the compute just issued: on CUDA it runs on the current stream,
+        behind the forward that wrote the source blocks."""
+        if not src_ids:
+            return
+        s_idx = torch.tensor(src_ids, dtype=torch.long, device=pool.device)
+        d_idx = torch.tensor(dst_ids, dtype=torch.long, device=pool.device)
+        if pool.device.type == "cpu" and pool.is_contiguous():
+            from dualpace.kernels import cpu
+
+            if cpu.available():
+                cpu.copy_blocks(pool, pool, s_idx, d_idx)
+                return
+        pool.index_copy_(0, d_idx, pool.index_select(0, s_idx))
+
     def synchronize(self) -> None:
         """Wait for every copy issued so far (a transfer is ready only after this)."""
         if self.copy_stream is not None:

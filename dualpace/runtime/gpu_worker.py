@@ -270,16 +270,34 @@ class GpuWorker:
         if main:
             self.requests.apply_blocks(main)
             tokens.update(self._forward(main, self.kv, None, plps))
+            self._copy_forks(main)
         if to_cpu:
             tokens.update(self._forward(to_cpu, self.staging, self._staging_tables(to_cpu),
                                         plps))
             ready.extend(s.req_id for s in to_cpu)
+            ready.extend(f.req_id for s in to_cpu for f in s.forks)
         self.steps += 1
         out = [tokens.get(id(s), (-1, None)) for s in msg.seqs]
         return StepDone(step_id=msg.step_id, tokens=[t for t, _ in out],
                         logprobs=wire_logprobs([lp for _, lp in out]), ready=ready,
                         prompt_logprobs=([wire_logprobs(plps.get(id(s), [])) for s in msg.seqs]
                                          if plps else []))
+
+    def _copy_forks(self, seqs: list[SeqStep]) -> None:
+        """Parallel sampling: the prompt's KV, just written, into each sibling's GPU blocks
+        (every layer; the siblings' first decodes read it)."""
+        for s in seqs:
+            if not s.forks:
+                continue
+            nb = -(-(s.start_pos + len(s.token_ids)) // self.block_size)
+            src = self.requests.get(s.req_id).blocks[:nb]
+            for f in s.forks:
+                if len(f.blocks) < nb or len(src) < nb:
+                    raise ValueError(f"fork of request {s.req_id} into {f.req_id}: {nb} blocks "
+                                     f"needed, {len(src)} -> {len(f.blocks)}")
+                for i in range(self.model.cfg.num_layers):
+                    self.ops.copy_within(self.kv.k[i], src, f.blocks[:nb])
+                    self.ops.copy_within(self.kv.v[i], src, f.blocks[:nb])
 
     def _staging_tables(self, seqs: list[SeqStep]) -> list[list[int]]:
         bs, nxt, tables = self.block_size, 0, []
@@ -288,9 +306,11 @@ class GpuWorker:
                 raise ValueError(f"request {s.req_id}: Prefill-to-CPU takes a whole prompt "
                                  "in one step")
             nb = -(-len(s.token_ids) // bs)
-            if len(s.host_blocks) < nb:
-                raise ValueError(f"request {s.req_id}: {len(s.host_blocks)} host blocks for "
-                                 f"{len(s.token_ids)} tokens")
+            for rid, blocks in [(s.req_id, s.host_blocks),
+                                *((f.req_id, f.blocks) for f in s.forks)]:
+                if len(blocks) < nb:
+                    raise ValueError(f"request {rid}: {len(blocks)} host blocks for "
+                                     f"{len(s.token_ids)} tokens")
             tables.append(list(range(nxt, nxt + nb)))
             nxt += nb
         if nxt > self.staging.num_blocks:
@@ -315,8 +335,9 @@ class GpuWorker:
         for i in range(m.cfg.num_layers):
             hidden = m.layer(i, hidden, fb, kv)
             if staging_tables is not None:  # this layer's K/V -> the reserved host blocks
-                for s, t in zip(seqs, staging_tables):
-                    self._copy_layer(i, t, s.host_blocks[:len(t)], to_host=True, kv=kv)
+                for s, t in zip(seqs, staging_tables):  # (and n > 1 siblings' blocks)
+                    for dst in [s.host_blocks, *(f.blocks for f in s.forks)]:
+                        self._copy_layer(i, t, dst[:len(t)], to_host=True, kv=kv)
             self.boundary()
         if staging_tables is not None:
             self.ops.synchronize()

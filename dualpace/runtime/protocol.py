@@ -40,6 +40,13 @@ class NewRequest(_Msg, tag=1):
     sampling: SamplingSpec
 
 
+class Fork(msgspec.Struct, array_like=True, gc=False):
+    """A sibling of a parallel-sampling group and its blocks (as many as the prompt needs)."""
+
+    req_id: int
+    blocks: list[int]
+
+
 class SeqStep(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """One request's rows in a step.
 
@@ -49,7 +56,10 @@ class SeqStep(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     request (re)enters this worker's pool after a migration); sample: whether the step samples a
     token (false for a non-final prefill chunk); out_index: index of the token sampled
     (the sampler's per-request step); host_blocks (GPU worker, Prefill-to-CPU only): the
-    request's reserved host blocks, filled layer by layer through the staging area.
+    request's reserved host blocks, filled layer by layer through the staging area;
+    forks (the step that completes a prompt with n > 1 samples): siblings whose blocks in
+    the same pool (GPU blocks, or host blocks beside ``host_blocks``) take a copy of the
+    prompt's KV once this step has written it.
     """
 
     req_id: int
@@ -63,6 +73,7 @@ class SeqStep(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     next_token: int = -2  # prompt logprobs: -2 none; else the token after this chunk (-1: none)
     outputs: list[int] = []  # penalized requests: the outputs from outputs_from on
     outputs_from: int = 0
+    forks: list[Fork] = []
 
 
 class Migration(msgspec.Struct, array_like=True, gc=False):

@@ -7,7 +7,7 @@ the wire's."""
 
 from __future__ import annotations
 
-from dualpace.engine.gpu_round import GpuPlan, Move
+from dualpace.engine.gpu_round import GpuPlan, Move, StepRow
 from dualpace.engine.request import EngineRequest
 from dualpace.runtime import protocol as P
 from dualpace.sampling.penalties import Penalties
@@ -91,7 +91,7 @@ class Translator:
                          start_pos=r.num_tokens - 1, new_blocks=new, reset=reset,
                          out_index=len(r.out), **self._outputs(r, kind))
 
-    def _prefill_step(self, r: EngineRequest, n: int) -> P.SeqStep:
+    def _prefill_step(self, r: EngineRequest, n: int, forks) -> P.SeqStep:
         if r.computed == 0:
             self._known["gpu"][r.rid] = -1
         new, reset = self._table_diff(r, "gpu")
@@ -99,28 +99,30 @@ class Translator:
         return P.SeqStep(req_id=r.rid, token_ids=toks, start_pos=r.computed, new_blocks=new,
                          reset=reset, sample=r.computed + n == r.num_tokens,
                          out_index=len(r.out), next_token=_next_token(r, r.computed + n),
-                         **self._outputs(r, "gpu"))
+                         forks=_forks(forks), **self._outputs(r, "gpu"))
 
-    def _prefill_to_cpu_step(self, r: EngineRequest) -> P.SeqStep:
+    def _prefill_to_cpu_step(self, r: EngineRequest, forks) -> P.SeqStep:
         self._known["cpu"][r.rid] = -1
         return P.SeqStep(req_id=r.rid, token_ids=_all_tokens(r), start_pos=0,
                          host_blocks=list(r.blocks), out_index=len(r.out),
-                         next_token=_next_token(r, r.num_tokens), **self._outputs(r, "gpu"))
+                         next_token=_next_token(r, r.num_tokens), forks=_forks(forks),
+                         **self._outputs(r, "gpu"))
 
-    def gpu_batch(self, step_id: int, plan: GpuPlan) -> P.GpuBatch:
-        """The descriptor of a committed GPU plan; its seqs follow ``plan.step_rows()``."""
+    def gpu_batch(self, step_id: int, plan: GpuPlan, rows: list[StepRow]) -> P.GpuBatch:
+        """The descriptor of a committed GPU plan; its seqs follow ``rows``
+        (``plan.step_rows()``, which the engine matches with the result's tokens)."""
         for m in plan.swap_out:
             self._known["cpu"][m.req.rid] = -1
         for m in plan.swap_in:
             self._known["gpu"][m.req.rid] = len(m.dst)
         seqs = []
-        for row in plan.step_rows():
+        for row in rows:
             if row.kind == "decode":
                 seqs.append(self._decode_step(row.req, "gpu"))
             elif row.kind == "prefill":
-                seqs.append(self._prefill_step(row.req, row.tokens))
+                seqs.append(self._prefill_step(row.req, row.tokens, row.forks))
             else:
-                seqs.append(self._prefill_to_cpu_step(row.req))
+                seqs.append(self._prefill_to_cpu_step(row.req, row.forks))
         return P.GpuBatch(step_id=step_id, seqs=seqs,
                           swap_out=[_migration(m) for m in plan.swap_out],
                           swap_in=[_migration(m) for m in plan.swap_in])
@@ -142,6 +144,11 @@ def _next_token(r: EngineRequest, end: int) -> int:
     if r.params.prompt_logprobs is None or r.prompt_logprobs_done:
         return -2
     return r.prompt[end] if end < len(r.prompt) else -1
+
+
+def _forks(forks) -> list[P.Fork]:
+    """Siblings whose blocks (in the pool the prompt's KV is written to) take a copy of it."""
+    return [P.Fork(req_id=f.rid, blocks=list(f.blocks)) for f in forks]
 
 
 def _migration(m: Move) -> P.Migration:

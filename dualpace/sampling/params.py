@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs (sampling/logprobs.py computes them)
+MAX_N = 128  # samples per prompt (OpenAI's limit; each is a request of its own)
 
 
 def _check(cond: bool, name: str, message: str) -> None:
@@ -63,7 +64,8 @@ class SamplingParams:
                "every entry must be a non-negative integer")
         object.__setattr__(self, "stop_token_ids", tuple(ids))
 
-        _check(_is_int(self.n) and self.n == 1, "n", "only n=1 is supported")
+        _check(_is_int(self.n) and 1 <= self.n <= MAX_N, "n",
+               f"must be an integer in [1, {MAX_N}], got {self.n!r}")
         _check(_is_num(self.temperature) and 0.0 <= self.temperature <= 100.0, "temperature",
                f"must be a number in [0, 100], got {self.temperature!r}")
         _check(_is_num(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p",

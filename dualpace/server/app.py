@@ -120,15 +120,16 @@ class Server:
                            headers=retry)
 
     def _start(self, prompts: list[list[int]], params) -> list:
+        """``params.n`` streams per prompt, in choice order (prompt-major)."""
         streams = []
         try:
             for p in prompts:
-                streams.append(self.serving.add_request(p, params))
+                streams += self.serving.add_samples(p, params)
         except ValueError as e:
             for s in streams:
                 self.serving.abort(s.rid)
-            param = "prompt" if str(e).startswith("prompt") else None
-            raise bad_request(str(e), param) from None
+            field = str(e).split(":", 1)[0]
+            raise bad_request(str(e), field if field in ("prompt", "n") else None) from None
         except (EngineDead, EngineUnavailable) as e:
             for s in streams:
                 self.serving.abort(s.rid)
@@ -155,7 +156,7 @@ class Server:
             prompts, texts, params, self._token_text(body), echo=flag(body, "echo", False),
             token_ids=flag(body, "return_token_ids", False),
             want_prompt_lps=body.get("prompt_logprobs") is not None).build
-        self._admit(len(prompts))
+        self._admit(len(prompts) * params.n)
         streams = self._start(prompts, params)
         meta = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()),
                 "model": model}
@@ -179,7 +180,7 @@ class Server:
         choices = ChatChoices(prompt, params, self._token_text(body),
                               token_ids=flag(body, "return_token_ids", False),
                               want_prompt_lps=body.get("prompt_logprobs") is not None)
-        self._admit(1)
+        self._admit(params.n)
         streams = self._start([prompt], params)
         meta = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()),
                 "model": model}
@@ -187,11 +188,12 @@ class Server:
             return await self._stream(request, streams, meta, "chat.completion.chunk",
                                       choices.chunk, flags, chat=True,
                                       first_extra=lambda p: choices.extra(p, whole=False))
-        piece, = await self._collect(streams, "chat")
+        pieces = await self._collect(streams, "chat")
         return web.json_response({**meta, "object": "chat.completion",
-                                  "choices": [choices.message(piece)],
+                                  "choices": [choices.message(i, p)
+                                              for i, p in enumerate(pieces)],
                                   "usage": self._usage(streams),
-                                  **choices.extra(piece, whole=True)})
+                                  **choices.extra(pieces[0], whole=True)})
 
     # --- shared response paths -----------------------------------------------------------------
     def _token_text(self, body: dict) -> TokenText:
@@ -199,8 +201,9 @@ class Server:
 
     @staticmethod
     def _usage(streams) -> dict:
-        """OpenAI's usage; there is no prefix cache, so no prompt token is ever cached."""
-        p = sum(s.num_prompt_tokens for s in streams)
+        """OpenAI's usage; there is no prefix cache, so no prompt token is ever cached. A
+        prompt counts once however many samples it has (vLLM's count: one prefill)."""
+        p = sum(s.num_prompt_tokens for s in streams if s.sample_index == 0)
         c = sum(s.num_output_tokens for s in streams)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
                 "prompt_tokens_details": {"cached_tokens": 0}}

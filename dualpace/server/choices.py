@@ -41,35 +41,36 @@ class CompletionChoices:
     """``{"index", "text", "logprobs", "finish_reason", "stop_reason", "prompt_logprobs"}``
     (+ ``token_ids``, and ``prompt_token_ids`` in the first, with return_token_ids). With
     echo the first piece starts with the prompt's text and, with logprobs, its tokens (the
-    first with a null logprob, as it has no context)."""
+    first with a null logprob, as it has no context). Choice ``i`` is sample ``i % n`` of
+    prompt ``i // n`` (vLLM's order)."""
 
     def __init__(self, prompts: list[list[int]], prompt_texts: list[str | None], params,
                  text: TokenText, *, echo: bool, token_ids: bool, want_prompt_lps: bool):
         self.prompts, self.prompt_texts, self.params = prompts, prompt_texts, params
         self.text, self.echo, self.ids, self.want_plps = text, echo, token_ids, want_prompt_lps
-        self.lp = [CompletionLogprobs(text) for _ in prompts]
+        self.lp = [CompletionLogprobs(text) for _ in range(len(prompts) * params.n)]
 
     def build(self, i: int, p: Piece, first: bool) -> dict:
         text = p.text
         lps = None
+        prompt = self.prompts[i // self.params.n]
         if self.params.logprobs is not None:
             lps = self.lp[i].empty()
             if self.echo and first:
-                self.lp[i].extend(lps, self.lp[i].prompt(self.prompts[i], p.prompt_logprobs))
+                self.lp[i].extend(lps, self.lp[i].prompt(prompt, p.prompt_logprobs))
             self.lp[i].extend(lps, self.lp[i].chunk(p.token_ids, p.logprobs))
         if self.echo and first:
-            given = self.prompt_texts[i]
+            given = self.prompt_texts[i // self.params.n]
             text = (given if given is not None else self.text.tokenizer.decode(
-                self.prompts[i], skip_special_tokens=False)) + text
+                prompt, skip_special_tokens=False)) + text
         c = {"index": i, "text": text, "logprobs": lps, "finish_reason": p.reason,
              "stop_reason": None,
-             "prompt_logprobs": (prompt_logprobs_field(self.text, self.prompts[i],
-                                                       p.prompt_logprobs)
+             "prompt_logprobs": (prompt_logprobs_field(self.text, prompt, p.prompt_logprobs)
                                  if self.want_plps and first else None)}
         if self.ids:
             c["token_ids"] = p.token_ids
             if first:
-                c["prompt_token_ids"] = self.prompts[i]
+                c["prompt_token_ids"] = prompt
         return c
 
 
@@ -94,8 +95,8 @@ class ChatChoices:
             c["token_ids"] = p.token_ids
         return c
 
-    def message(self, p: Piece) -> dict:
-        c = {"index": 0, "message": {"role": "assistant", "content": p.text},
+    def message(self, i: int, p: Piece) -> dict:
+        c = {"index": i, "message": {"role": "assistant", "content": p.text},
              "logprobs": self._logprobs(p), "finish_reason": p.reason, "stop_reason": None}
         if self.ids:
             c["token_ids"] = p.token_ids

@@ -30,9 +30,14 @@ def sampling_params(body: dict, max_tokens_default: int | None,
     n = _opt(body, "n", "int", 1)
     if n < 1:
         raise bad_request(f"'n' must be at least 1, got {n}", "n")
-    if n != 1:
-        raise bad_request("'n' above 1 is not supported by this server; send one request per "
-                          "sample (a 'seed' each makes them reproducible)", "n")
+    best_of = _opt(body, "best_of", "int", None)
+    if best_of is not None and best_of < n:
+        raise bad_request(f"best_of must be greater than or equal to n, got n={n} and "
+                          f"best_of={best_of}.", "best_of")
+    if best_of is not None and best_of > n:  # would rank best_of samples, return n
+        raise bad_request(f"best_of > n is not supported by this server (got n={n} and "
+                          f"best_of={best_of}); send best_of equal to n, or omit it",
+                          "best_of")
     max_tokens = max_tokens_default
     for name in names:
         v = _opt(body, name, "int", None)
@@ -59,7 +64,7 @@ def sampling_params(body: dict, max_tokens_default: int | None,
         prompt_lp = max(prompt_lp or 0, logprobs)  # echoed prompt tokens carry logprobs
     try:
         return SamplingParams(
-            n=1,
+            n=n,
             logprobs=logprobs,
             prompt_logprobs=prompt_lp,
             presence_penalty=float(_opt(body, "presence_penalty", "num", 0.0)),

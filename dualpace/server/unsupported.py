@@ -16,7 +16,6 @@ _NO_VALUES = ([], {}, "")
 
 # Both endpoints.
 COMMON = {
-    "best_of": (1,),
     "use_beam_search": _OFF_FLAG,
     "length_penalty": (1, 1.0),
     "min_p": (0, 0.0),

@@ -35,6 +35,7 @@ class FakeGroup:
                 self.known.discard(rid)
                 self.tables.pop(rid, None)
                 self.world.on_host.discard(rid)
+                self.world.kv_len.pop(rid, None)
 
     async def step(self, batch):
         w = self.world
@@ -50,20 +51,39 @@ class FakeGroup:
         if isinstance(batch, P.GpuBatch):
             for m in batch.swap_out:
                 w.require(m.req_id in self.known, "swap-out of an unknown request")
+                w.require(w.kv_len.get(m.req_id, 0) >= m.num_tokens,
+                          "swap-out of KV that was never written")
                 w.on_host.add(m.req_id)
                 ready.append(m.req_id)
             for m in batch.swap_in:
                 w.require(m.req_id in w.on_host, "swap-in of KV that is not on the host")
+                w.require(w.kv_len.get(m.req_id, 0) >= m.num_tokens,
+                          "swap-in of KV that was never written")
                 w.on_host.discard(m.req_id)
                 self.tables[m.req_id] = list(m.dst_blocks)
                 ready.append(m.req_id)
         tokens = []
         for s in batch.seqs:
             w.require(s.req_id in self.known, f"{self.kind} worker never introduced to {s.req_id}")
+            end = s.start_pos + len(s.token_ids)
+            # The KV a step attends to must exist: positions [0, start_pos) were written by
+            # an earlier step of this request (or copied into its blocks by a fork).
+            w.require(s.start_pos == 0 or w.kv_len.get(s.req_id, 0) >= s.start_pos,
+                      f"request {s.req_id} runs at position {s.start_pos} with KV for "
+                      f"{w.kv_len.get(s.req_id, 0)} positions")
+            w.kv_len[s.req_id] = end
+            w.require(not s.forks or s.sample, "a fork before the prompt is complete")
+            for f in s.forks:
+                w.require(len(f.blocks) * w.block_size >= end, "fork into too few blocks")
+                w.require(f.req_id not in w.kv_len, f"fork into live request {f.req_id}")
+                w.kv_len[f.req_id] = end
             if s.host_blocks:  # Prefill-to-CPU
                 w.require(s.start_pos == 0, "Prefill-to-CPU not from position 0")
                 w.on_host.add(s.req_id)
                 ready.append(s.req_id)
+                for f in s.forks:
+                    w.on_host.add(f.req_id)
+                    ready.append(f.req_id)
             else:
                 if self.kind == "cpu":
                     w.require(s.req_id in w.on_host, "CPU decode before its KV reached the host")
@@ -72,7 +92,6 @@ class FakeGroup:
                     table[:] = s.new_blocks
                 else:
                     table.extend(s.new_blocks)
-                end = s.start_pos + len(s.token_ids)
                 w.require(len(table) * w.block_size >= end, "block table too short")
                 w.require(len(set(table)) == len(table),
                           f"block twice in {self.kind} table {table}")
@@ -156,6 +175,7 @@ class FakeWorkers:
         self.fail_step: Callable[[str, object], bool] | None = None
         self.failed_steps: list = []
         self.on_host: set[int] = set()
+        self.kv_len: dict[int, int] = {}  # positions of each request's KV written so far
         self.executed: list[tuple[str, list[int]]] = []
         self.gpu = FakeGroup("gpu", self)
         self.cpu = FakeGroup("cpu", self)

@@ -36,6 +36,21 @@ def test_seeded_sampling_reproducible_and_batch_independent(llm):
     assert other_seed[0].token_ids != alone
 
 
+def test_n_samples_are_consecutive_outputs(llm):
+    """n > 1: n outputs per prompt, in prompt order; sample j is the lone request with
+    seed + j (one prefill per prompt, its KV forked into the others)."""
+    p = SamplingParams(n=3, temperature=1.0, seed=77, max_tokens=10, ignore_eos=True)
+    outs = llm.generate(["abc", "a second prompt"], p)
+    assert len(outs) == 6
+    assert [o.prompt_token_ids for o in outs] == (
+        [llm.tokenizer.encode("abc")] * 3 + [llm.tokenizer.encode("a second prompt")] * 3)
+    for j in range(3):
+        lone = llm.generate("abc", SamplingParams(temperature=1.0, seed=77 + j, max_tokens=10,
+                                                  ignore_eos=True))[0]
+        assert outs[j].token_ids == lone.token_ids
+    assert len({tuple(o.token_ids) for o in outs[:3]}) > 1
+
+
 def test_stop_token_ids_and_eos(llm):
     ref = llm.generate("x", SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0]
     target = ref.token_ids[5]

@@ -41,7 +41,9 @@ def check_round(engine: LLMEngine, kind: str, plan) -> None:
 
 
 async def run_workload(policy, gpu_blocks, host_blocks, limits, jobs, aborts,
-                       timeout: float = 60.0, on_round=check_round):
+                       timeout: float = 60.0, on_round=check_round, ns=None):
+    """``ns[i]``: job i's samples (parallel sampling: one prefill, forked KV); its outputs
+    are then ``outs[i]`` for the first sample and ``outs[(i, j)]`` for sample j."""
     workers = FakeWorkers(vocab=VOCAB)
     engine = LLMEngine(workers, gpu_blocks=gpu_blocks, host_blocks=host_blocks, block_size=4,
                        limits=limits, policy=policy, vocab_size=VOCAB, eos_ids=(),
@@ -51,17 +53,22 @@ async def run_workload(policy, gpu_blocks, host_blocks, limits, jobs, aborts,
 
     async def one(i, prompt_len, max_tokens, delay):
         await asyncio.sleep(delay)
-        stream = engine.add_request([(i * 13 + k) % VOCAB for k in range(prompt_len)],
-                                    SamplingParams(max_tokens=max_tokens, temperature=0),
-                                    max_model_len=10_000)
-        if i in aborts:
-            asyncio.get_running_loop().call_later(aborts[i], engine.abort, stream.rid)
+        n = ns[i] if ns else 1
+        streams = engine.add_samples([(i * 13 + k) % VOCAB for k in range(prompt_len)],
+                                     SamplingParams(n=n, max_tokens=max_tokens, temperature=0),
+                                     max_model_len=10_000)
+        if i in aborts:  # the first sample only: its siblings must still get their KV
+            asyncio.get_running_loop().call_later(aborts[i], engine.abort, streams[0].rid)
+        await asyncio.gather(*(collect(i if j == 0 else (i, j), s)
+                               for j, s in enumerate(streams)))
+
+    async def collect(key, stream):
         toks, reason = [], None
         async for d in stream:
             toks += d.token_ids
             reason = d.finish_reason
-            assert d.error is None, f"request {i}: {d.error}"  # a failed step, not an abort
-        outs[i] = (stream.rid, toks, reason)
+            assert d.error is None, f"request {key}: {d.error}"  # a failed step, not an abort
+        outs[key] = (stream.rid, toks, reason)
 
     try:
         await asyncio.wait_for(asyncio.gather(*[one(i, *j) for i, j in enumerate(jobs)]),
@@ -90,18 +97,23 @@ def test_random_workloads(policy, jobs, gpu_blocks, host_blocks, max_seqs, token
     # alone; C up to 12 exceeds max_num_seqs (2-8): the CPU tier is bounded by C and host KV.
     aborts = data.draw(st.dictionaries(st.integers(0, len(jobs) - 1), st.floats(0, 0.02),
                                        max_size=4))
+    # Parallel sampling beside single requests: a group is admitted whole, so n stays
+    # within what the smallest pools here admit (the engine refuses larger groups).
+    ns = data.draw(st.lists(st.integers(1, 2), min_size=len(jobs), max_size=len(jobs)))
+    ns = [n if n * -(-p // 4) <= 24 and n <= max_seqs else 1 for n, (p, _, _) in zip(ns, jobs)]
     limits = Limits(max_num_seqs=max_seqs, gpu_token_limit=tokens, cpu_batch_limit=cpu_limit,
                     max_model_len=10_000)
     outs, workers, _engine = asyncio.run(
-        run_workload(policy, gpu_blocks, host_blocks, limits, jobs, aborts))
-    assert len(outs) == len(jobs)
-    for i, (_prompt_len, max_tokens, _) in enumerate(jobs):
-        rid, toks, reason = outs[i]
+        run_workload(policy, gpu_blocks, host_blocks, limits, jobs, aborts, ns=ns))
+    assert len(outs) == sum(ns)
+    for key, (rid, toks, reason) in outs.items():
+        i = key if isinstance(key, int) else key[0]
+        max_tokens = jobs[i][1]
         assert reason in ("length", "abort")
         if reason == "length":
             assert toks == [fake_token(rid, k, VOCAB) for k in range(max_tokens)]
         else:
-            assert i in aborts
+            assert key == i and i in aborts
             assert toks == [fake_token(rid, k, VOCAB) for k in range(len(toks))]
     if policy == "gpu-only":
         assert not any(kind == "cpu" for kind, _ in workers.executed)

@@ -69,8 +69,8 @@ def test_same_seed_same_token_whatever_the_batch():
 @pytest.mark.parametrize("field,value", [
     ("temperature", -0.1), ("temperature", "hot"), ("top_p", 0.0), ("top_p", 1.5),
     ("top_k", -2), ("top_k", 1.5), ("seed", -(2**63) - 1), ("seed", 2**63), ("max_tokens", 0),
-    ("max_tokens", 2.0), ("n", 2), ("stop", [1]), ("stop", [""]), ("stop_token_ids", [-1]),
-    ("stop_token_ids", "x"), ("ignore_eos", "yes"),
+    ("max_tokens", 2.0), ("n", 129), ("n", 0), ("stop", [1]), ("stop", [""]),
+    ("stop_token_ids", [-1]), ("stop_token_ids", "x"), ("ignore_eos", "yes"),
 ])
 def test_invalid_params_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):

@@ -43,7 +43,7 @@ BAD = [  # (path, method, raw body or JSON, expected status, expected param or N
     (C, "POST", {"prompt": "hi", "top_k": -7}, 400, "top_k"),
     (C, "POST", {"prompt": "hi", "seed": 2**63}, 400, "seed"),
     (C, "POST", {"prompt": "hi", "seed": 1.5}, 400, "seed"),
-    (C, "POST", {"prompt": "hi", "n": 3}, 400, "n"),
+    (C, "POST", {"prompt": "hi", "n": 129}, 400, "n"),
     (C, "POST", {"prompt": "hi", "n": 0}, 400, "n"),
     (C, "POST", {"prompt": "hi", "stream_options": {"include_usage": True}}, 400,
      "stream_options"),
