@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -9,8 +10,10 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
+import aiohttp
 import pytest
 
 from dualpace.demo_model import DemoSpec, make_demo_model
@@ -60,6 +63,46 @@ class ServerProcess:
     def get_json(self, path: str):
         with urllib.request.urlopen(self.url + path, timeout=10) as r:
             return json.loads(r.read())
+
+    def post_json(self, path: str, body) -> tuple[int, dict]:
+        """(status, parsed body) of a JSON POST, error statuses included."""
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def drop_streams(self, body: dict, count: int) -> None:
+        """``count`` concurrent streamed completions of ``body``, each hung up on at its
+        first token (a client that goes away mid-stream)."""
+        async def drop(session):
+            async with session.post(self.url + "/v1/completions",
+                                    json={**body, "stream": True}) as r:
+                async for line in r.content:
+                    if line.startswith(b"data: {"):
+                        return
+
+        async def main():
+            async with aiohttp.ClientSession() as s:
+                await asyncio.gather(*(drop(s) for _ in range(count)))
+
+        asyncio.run(main())
+
+    def wait_idle(self, timeout: float) -> tuple[float, dict[str, float]]:
+        """Poll /metrics until no KV block is used and no request runs or waits; returns
+        (what is still busy, the last metrics)."""
+        keys = ('dualpace:kv_blocks_used{tier="gpu"}', 'dualpace:kv_blocks_used{tier="cpu"}',
+                'dualpace:num_requests_running{engine="gpu"}',
+                'dualpace:num_requests_running{engine="cpu"}', "dualpace:num_requests_waiting")
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self.metrics()
+            busy = sum(m.get(k, 0.0) for k in keys)
+            if busy == 0 or time.monotonic() > deadline:
+                return busy, m
+            time.sleep(0.1)
 
     def metrics(self) -> dict[str, float]:
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:

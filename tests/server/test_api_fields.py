@@ -6,8 +6,6 @@ it, while its no-op value passes). vLLM's tests/entrypoints/openai are the refer
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import openai
@@ -21,15 +19,6 @@ def _client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
 
-def _post(server, path, body):
-    req = urllib.request.Request(server.url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
 
 @pytest.fixture(scope="module")
 def hf_tok(tiny_model):
@@ -40,21 +29,21 @@ def hf_tok(tiny_model):
 def test_tokenize_prompt_and_messages(server, hf_tok):
     prompt = "DualPace tokenizes this. 🚀"
     for special in (False, True):
-        status, r = _post(server, "/tokenize", {"model": "tiny", "prompt": prompt,
+        status, r = server.post_json("/tokenize", {"model": "tiny", "prompt": prompt,
                                                 "add_special_tokens": special})
         want = hf_tok.encode(prompt, add_special_tokens=special).ids
         assert status == 200 and r["tokens"] == want and r["count"] == len(want)
         assert r["max_model_len"] == 512 and r["token_strs"] is None
-    status, r = _post(server, "/tokenize", {"prompt": prompt, "return_token_strs": True})
+    status, r = server.post_json("/tokenize", {"prompt": prompt, "return_token_strs": True})
     assert r["token_strs"] == [hf_tok.id_to_token(t) for t in r["tokens"]]
     # The chat form is the very prompt a chat completion runs.
-    status, r = _post(server, "/tokenize", {"messages": MSGS})
+    status, r = server.post_json("/tokenize", {"messages": MSGS})
     chat = _client(server).chat.completions.create(
         model="tiny", messages=MSGS, max_tokens=2, temperature=0,
         extra_body={"return_token_ids": True})
     assert r["tokens"] == chat.model_extra["prompt_token_ids"]
     assert r["count"] == chat.usage.prompt_tokens
-    status, no_gen = _post(server, "/tokenize", {"messages": MSGS,
+    status, no_gen = server.post_json("/tokenize", {"messages": MSGS,
                                                  "add_generation_prompt": False})
     assert status == 200 and no_gen["count"] < r["count"]
     assert r["tokens"][:no_gen["count"]] == no_gen["tokens"]
@@ -62,7 +51,7 @@ def test_tokenize_prompt_and_messages(server, hf_tok):
 
 def test_detokenize_round_trip(server, hf_tok):
     ids = hf_tok.encode("round trip, with spaces", add_special_tokens=False).ids
-    status, r = _post(server, "/detokenize", {"model": "tiny", "tokens": ids})
+    status, r = server.post_json("/detokenize", {"model": "tiny", "tokens": ids})
     assert status == 200 and r == {"prompt": hf_tok.decode(ids, skip_special_tokens=False)}
     assert r["prompt"] == "round trip, with spaces"
 
@@ -143,5 +132,5 @@ def test_no_op_values_of_unsupported_fields_pass(server):
 @pytest.mark.parametrize("field,value", [("best_of", 3), ("min_p", 0.1),
                                          ("use_beam_search", True), ("guided_json", {"a": 1})])
 def test_unsupported_fields_are_refused_by_name(server, field, value):
-    status, r = _post(server, "/v1/completions", {"model": "tiny", "prompt": "x", field: value})
+    status, r = server.post_json("/v1/completions", {"model": "tiny", "prompt": "x", field: value})
     assert status == 400 and r["error"]["param"] == field and field in r["error"]["message"]

@@ -7,14 +7,8 @@ lone request with seed + j; greedy choices equal the lone greedy answer and tran
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures as cf
-import json
-import time
-import urllib.error
-import urllib.request
 
-import aiohttp
 import openai
 import pytest
 import torch
@@ -30,15 +24,6 @@ SEED = 1234
 def _client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
-
-def _post(server, path, body):
-    req = urllib.request.Request(server.url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def _ids(choice) -> list[int]:
@@ -100,7 +85,7 @@ def test_greedy_chat_stream_choices_match_transformers(tiers, hf):
     lone = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=10,
                                      temperature=0, extra_body={"ignore_eos": True,
                                                                 "return_token_ids": True})
-    prompt = _post(tiers, "/tokenize", {"model": "tiny", "messages": msgs})[1]["tokens"]
+    prompt = tiers.post_json("/tokenize", {"model": "tiny", "messages": msgs})[1]["tokens"]
     ref = _greedy_reference(hf, prompt, Penalties(), 10)
     assert _ids(lone.choices[0]) == ref
     chunks = list(c.chat.completions.create(
@@ -133,7 +118,7 @@ def test_echo_and_prompt_logprobs_in_every_choice(tiers):
     of prompt i // 2, each with the prompt's echo and its logprobs (one prefill computed
     them; the sibling shares them)."""
     prompts = ["the first prompt of two", "and then a second, longer prompt of the pair"]
-    status, r = _post(tiers, "/v1/completions", {
+    status, r = tiers.post_json("/v1/completions", {
         "model": "tiny", "prompt": prompts, "n": 2, "echo": True, "logprobs": 2,
         "max_tokens": 3, "temperature": 0, "ignore_eos": True})
     assert status == 200, r
@@ -146,7 +131,7 @@ def test_echo_and_prompt_logprobs_in_every_choice(tiers):
         assert a["logprobs"]["token_logprobs"][0] is None
         assert a["logprobs"]["token_logprobs"] == pytest.approx(
             b["logprobs"]["token_logprobs"], abs=1e-4)
-    single = [_post(tiers, "/v1/completions", {"model": "tiny", "prompt": p, "max_tokens": 1})
+    single = [tiers.post_json("/v1/completions", {"model": "tiny", "prompt": p, "max_tokens": 1})
               [1]["usage"]["prompt_tokens"] for p in prompts]
     assert r["usage"]["prompt_tokens"] == sum(single)
 
@@ -179,39 +164,18 @@ def test_vllm_parallel_streaming(server):
     ({"n": "2"}, "n", "must be of type int"),
 ])
 def test_bad_n_and_best_of(server, body, param, words):
-    status, r = _post(server, "/v1/completions", {"model": "tiny", "prompt": "x", **body})
+    status, r = server.post_json("/v1/completions", {"model": "tiny", "prompt": "x", **body})
     assert status == 400 and r["error"]["param"] == param and words in r["error"]["message"]
 
 
 def test_best_of_equal_to_n_is_served(server):
-    status, r = _post(server, "/v1/completions", {"model": "tiny", "prompt": "x", "n": 2,
+    status, r = server.post_json("/v1/completions", {"model": "tiny", "prompt": "x", "n": 2,
                                                   "best_of": 2, "max_tokens": 2})
     assert status == 200 and len(r["choices"]) == 2
 
 
 def test_dropped_parallel_stream_frees_every_sample(tiers):
-    async def drop(session):
-        body = {"model": "tiny", "prompt": "a long story " * 4, "max_tokens": 300, "n": 3,
-                "stream": True, "ignore_eos": True}
-        async with session.post(tiers.url + "/v1/completions", json=body) as r:
-            async for line in r.content:
-                if line.startswith(b"data: {"):
-                    return
-
-    async def main():
-        async with aiohttp.ClientSession() as s:
-            await asyncio.gather(*(drop(s) for _ in range(4)))
-
-    asyncio.run(main())
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        m = tiers.metrics()
-        busy = sum(m[k] for k in ('dualpace:kv_blocks_used{tier="gpu"}',
-                                  'dualpace:kv_blocks_used{tier="cpu"}',
-                                  'dualpace:num_requests_running{engine="gpu"}',
-                                  'dualpace:num_requests_running{engine="cpu"}',
-                                  "dualpace:num_requests_waiting"))
-        if busy == 0:
-            break
-        time.sleep(0.1)
+    tiers.drop_streams({"model": "tiny", "prompt": "a long story " * 4, "max_tokens": 300,
+                        "n": 3, "ignore_eos": True}, 4)
+    busy, m = tiers.wait_idle(20)
     assert busy == 0, m

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import socket
@@ -11,7 +10,6 @@ import time
 import urllib.error
 import urllib.request
 
-import aiohttp
 import pytest
 
 from ..shm_util import owned_segments
@@ -130,28 +128,9 @@ def test_context_length_error_uses_vllm_wording(server):
 
 
 def test_dropped_streams_free_their_kv(server):
-    async def drop_one(session):
-        body = {"model": "tiny", "prompt": "Hello there", "max_tokens": 400, "stream": True,
-                "ignore_eos": True}
-        async with session.post(server.url + C, json=body) as r:
-            async for line in r.content:
-                if line.startswith(b"data: {"):
-                    return  # first token seen: hang up
-
-    async def main():
-        async with aiohttp.ClientSession() as s:
-            await asyncio.gather(*(drop_one(s) for _ in range(50)))
-
-    asyncio.run(main())
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        m = server.metrics()
-        busy = (m['dualpace:kv_blocks_used{tier="gpu"}'] + m['dualpace:kv_blocks_used{tier="cpu"}']
-                + m['dualpace:num_requests_running{engine="gpu"}']
-                + m['dualpace:num_requests_running{engine="cpu"}'])
-        if busy == 0:
-            break
-        time.sleep(0.1)
+    server.drop_streams({"model": "tiny", "prompt": "Hello there", "max_tokens": 400,
+                         "ignore_eos": True}, 50)
+    busy, m = server.wait_idle(10)
     assert busy == 0, m
     assert m['dualpace:request_success_total{finished_reason="abort"}'] >= 50
 
