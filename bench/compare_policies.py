@@ -13,6 +13,11 @@ was ready). Targets for this small model: a multiple (--target-factor) of the va
 at the lowest rate under gpu-only, the unloaded reference. The last line with --json is
 {"policies": {"dualpace": {"sustainable_rate": ..}, "gated": {..}, "gpu-only": {..}}, ..};
 plots go to --out.
+
+Every server logs its steps (``serve --step-log``); the run fits the simulator's step costs
+to them and writes ``--out``/profile-measured.json. ``--simulate`` runs the very same sweep
+(same servers' shapes, jobs, offsets, targets and keys) in the simulator with that profile
+(or ``--sim-profile``), so the two JSONs compare the simulator with the runtime it models.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from pathlib import Path
 
 import loadgen
 from common import REPO, emit, free_port, histogram_quantile, scrape_metrics, wait_healthy
+
+from dualpace.sim.plot import plot_sweep
+from dualpace.workload import sweep_summary, sweep_targets
 
 POLICIES = ("dualpace", "gated", "gpu-only")
 TRACE = REPO.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
@@ -47,14 +55,28 @@ def profile_flags(path: str | None) -> list[str]:
     return ["--assist-thresholds", f"{p},{f}", "--cpu-batch-limit", str(prof["cpu_batch_limit"])]
 
 
+def engine_flags(policy: str, args) -> list[str]:
+    """The engine options of one policy's server (the simulator resolves the same)."""
+    flags = ["--policy", policy, "--gpu-device", "cpu", "--gpu-kv-blocks",
+             str(args.gpu_kv_blocks), "--cpu-kv-gib", str(args.cpu_kv_gib), "--max-num-seqs",
+             str(args.max_num_seqs)]
+    if policy == "dualpace":
+        flags += profile_flags(getattr(args, "profile", None))
+    return flags
+
+
+def step_log(policy: str, args) -> Path:
+    return Path(args.out) / f"steps-{policy}.jsonl"
+
+
 def start_server(model: str, policy: str, args) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "dualpace", "serve", "--model", model, "--port", str(port),
-           "--policy", policy, "--gpu-device", "cpu", "--gpu-kv-blocks",
-           str(args.gpu_kv_blocks), "--cpu-kv-gib", str(args.cpu_kv_gib), "--max-num-seqs",
-           str(args.max_num_seqs), "--log-level", "warning"]
-    if policy == "dualpace":
-        cmd += profile_flags(getattr(args, "profile", None))
+           *engine_flags(policy, args), "--log-level", "warning"]
+    if hasattr(args, "simulate"):  # compare_policies' own runs log their steps
+        log = step_log(policy, args)
+        log.unlink(missing_ok=True)
+        cmd += ["--step-log", str(log)]
     proc = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
     wait_healthy(url, proc)
@@ -96,28 +118,6 @@ def run_policy(model: str, policy: str, jobs, args) -> list[dict]:
     return runs
 
 
-def plot(results: dict, targets: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    metrics = [("mean_normalized_latency_s", "Normalized latency (s/token)"),
-               ("p99_ttft_ms", "P99 TTFT (ms)"), ("p99_itl_ms", "P99 ITL (ms)")]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for ax, (m, title) in zip(axes, metrics):
-        for policy, runs in results.items():
-            ax.plot([r["request_rate"] for r in runs], [r[m] for r in runs], marker="o",
-                    label=policy)
-        if m in targets:
-            ax.axhline(targets[m], linestyle="--", color="gray")
-        ax.set_title(title)
-        ax.set_xlabel("request rate (req/s)")
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def add_workload_args(ap: argparse.ArgumentParser, out: str) -> None:
     """The checkpoint, trace slice and server shape (shared with dashboard_snapshot.py)."""
     ap.add_argument("--json", action="store_true")
@@ -156,6 +156,44 @@ def prepare(args) -> tuple[str, list]:
     return model, jobs
 
 
+def simulate_policy(model: str, policy: str, jobs, args, costs) -> list[dict]:
+    """The same sweep on the virtual clock: the server's engine shape, the same offsets."""
+    from dualpace.cli import build_parser
+    from dualpace.sim.run import simulate
+    from dualpace.sim.setup import setup_from_config
+
+    ns = build_parser().parse_args(["serve", "--model", model, *engine_flags(policy, args)])
+    from dualpace.cli import _engine_options
+    from dualpace.config import EngineConfig
+
+    setup = setup_from_config(EngineConfig.from_options(model, **_engine_options(ns)))
+    runs = []
+    for rate in args.rates:
+        run = simulate(setup, costs, policy, jobs, rate, args.seed)
+        print(f"{policy} rate {rate} (simulated): norm "
+              f"{run['mean_normalized_latency_s']:.3f} s/tok, p99 itl {run['p99_itl_ms']:.0f} "
+              f"ms, p99 ttft {run['p99_ttft_ms']:.0f} ms", file=sys.stderr)
+        runs.append(run)
+    return runs
+
+
+def fit_measured_profile(policies, args) -> Path:
+    """The step costs of every policy's server, fitted together: profile-measured.json."""
+    from dualpace.profile_file import PROFILE_FORMAT
+    from dualpace.sim.costs import fit_step_costs
+
+    samples = []
+    for p in policies:
+        log = step_log(p, args)
+        if log.exists():
+            samples += [json.loads(line) for line in log.read_text().splitlines() if line]
+    prof = json.loads(Path(args.profile).read_text()) if args.profile else {}
+    prof.update({"format": PROFILE_FORMAT, "step_costs": fit_step_costs(samples)})
+    path = Path(args.out) / "profile-measured.json"
+    path.write_text(json.dumps(prof, indent=1))
+    return path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -163,44 +201,53 @@ def main() -> None:
     ap.add_argument("--rates", default="2,4,8,12,16")
     ap.add_argument("--target-factor", type=float, default=3.0)
     ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--simulate", action="store_true",
+                    help="run the sweep in the simulator (dualpace simulate) instead")
+    ap.add_argument("--sim-profile", default=None,
+                    help="step costs for --simulate (default: --out/profile-measured.json, "
+                         "written by a real run)")
     args = ap.parse_args()
     args.rates = [float(x) for x in args.rates.split(",")]
     out = Path(args.out)
     model, jobs = prepare(args)
     policies = args.policies.split(",")
-    results = {p: run_policy(model, p, jobs, args) for p in policies}
-    ref = results.get("gpu-only", next(iter(results.values())))[0]
-    targets = {"mean_normalized_latency_s": args.target_factor
-               * ref["mean_normalized_latency_s"],
-               "p99_itl_ms": args.target_factor * ref["p99_itl_ms"]}
+    extra = {}
+    if args.simulate:
+        from dualpace.sim.costs import FittedCosts
+
+        sim_profile = Path(args.sim_profile or out / "profile-measured.json")
+        if not sim_profile.exists():
+            raise SystemExit(f"compare_policies: {sim_profile} does not exist: run without "
+                             "--simulate first (it measures the step costs), or pass "
+                             "--sim-profile")
+        costs = FittedCosts(json.loads(sim_profile.read_text())["step_costs"])
+        results = {p: simulate_policy(model, p, jobs, args, costs) for p in policies}
+        extra["sim_profile"] = str(sim_profile)
+        name = "compare-sim"
+    else:
+        results = {p: run_policy(model, p, jobs, args) for p in policies}
+        extra["measured_profile"] = str(fit_measured_profile(policies, args))
+        name = "compare"
+    ref = results.get("gpu-only", next(iter(results.values())))
+    targets = sweep_targets(ref, args.target_factor)
     summary = {}
     for p, runs in results.items():
-        rates = [r["request_rate"] for r in runs]
-        summary[p] = {
-            "sustainable_rate": loadgen.sustainable_rate(
-                rates, [r["mean_normalized_latency_s"] for r in runs],
-                targets["mean_normalized_latency_s"]),
-            "sustainable_rate_p99_itl": loadgen.sustainable_rate(
-                rates, [r["p99_itl_ms"] for r in runs], targets["p99_itl_ms"]),
-            "p99_ttft_ms": {str(r["request_rate"]): round(r["p99_ttft_ms"], 1) for r in runs},
-            "mean_normalized_latency_s": {str(r["request_rate"]):
-                                          round(r["mean_normalized_latency_s"], 4)
-                                          for r in runs},
-            "p99_itl_ms": {str(r["request_rate"]): round(r["p99_itl_ms"], 1) for r in runs},
-            "longest_cpu_stall_s": max(r["cpu_tier_longest_stall_s"] for r in runs),
-            "cpu_stall_p99_s": {str(r["request_rate"]): r["cpu_stall_p99_s"] and
-                                round(r["cpu_stall_p99_s"], 4) for r in runs},
-            "cpu_tokens": runs[-1]["cpu_tokens"],
-            "assist_calls": {str(r["request_rate"]): r["assist_calls"] for r in runs},
-        }
-    (out / "compare.json").write_text(json.dumps({"summary": summary, "runs": results},
+        summary[p] = sweep_summary(runs, targets)
+        if not args.simulate:
+            summary[p].update({
+                "longest_cpu_stall_s": max(r["cpu_tier_longest_stall_s"] for r in runs),
+                "cpu_stall_p99_s": {str(r["request_rate"]): r["cpu_stall_p99_s"] and
+                                    round(r["cpu_stall_p99_s"], 4) for r in runs},
+                "cpu_tokens": runs[-1]["cpu_tokens"],
+                "assist_calls": {str(r["request_rate"]): r["assist_calls"] for r in runs}})
+    (out / f"{name}.json").write_text(json.dumps({"summary": summary, "runs": results},
                                                  indent=2))
-    plot(results, targets, out / "compare.png")
-    emit({"bench": "compare_policies", "policies": summary, "targets": targets,
-          "rates": args.rates, "num_requests": args.num_requests,
+    plot_sweep(results, targets, out / f"{name}.png")
+    emit({"bench": "compare_policies", "simulated": args.simulate, "policies": summary,
+          "targets": targets, "rates": args.rates, "num_requests": args.num_requests,
           "clip": [args.clip_input, args.clip_output],
           "dualpace_profile": profile_flags(args.profile)[1:],
-          "plot": str(out / "compare.png")}, args.json)
+          "plot": str(out / f"{name}.png"), **extra}, args.json)
 
 
 if __name__ == "__main__":

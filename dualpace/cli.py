@@ -76,7 +76,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     name = args.served_model_name or (os.path.basename(model.rstrip("/")) if args.model
                                       else "dualpace-demo")
     return asyncio.run(serve(config, args.host, args.port, name, api_key,
-                             args.max_queued_requests, args.drain_timeout))
+                             args.max_queued_requests, args.drain_timeout, args.step_log))
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -113,12 +113,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds SIGTERM waits for in-flight requests")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--step-log", default=None,
+                   help="append one JSON line per executed step (work and seconds) to this "
+                        "file: the measurements `dualpace simulate --profile` fits")
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("profile", help="offline profile: routing thresholds and limits (§4.3)")
     _add_engine_flags(p)
     p.add_argument("--out", default="dualpace-profile", help="output directory")
     p.add_argument("--quick", action="store_true", help="few sizes and repeats (a first look)")
     p.set_defaults(func=cmd_profile)
+    from dualpace.sim.cli import add_parser as add_simulate
+
+    add_simulate(sub, _add_engine_flags)
     p = sub.add_parser("generate", help="offline generation for the given prompts")
     _add_engine_flags(p)
     p.add_argument("--prompt", action="append", help="a prompt (repeatable)")

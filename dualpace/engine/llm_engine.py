@@ -34,6 +34,7 @@ from dualpace.engine.state import Limits, SchedulerState
 from dualpace.kv.block_pool import BlockPool, blocks_for_tokens
 from dualpace.runtime import translator
 from dualpace.sampling.params import SamplingParams
+from dualpace.sim.work import cpu_step_work, gpu_step_work
 from dualpace.tokenizer.detokenizer import IncrementalDetokenizer
 
 log = logging.getLogger("dualpace.engine")
@@ -89,6 +90,12 @@ class LLMEngine:
         self.requests: dict[int, EngineRequest] = {}
         self.streams: dict[int, RequestStream] = {}
         self.trace: list[tuple[float, str, int]] | None = None  # (time, engine, rid) per token
+        # ``on_step(record)``: every executed step's work and seconds from its round's start
+        # to the end of applying its result (the loop's cadence: scheduling, the worker
+        # round trip, applying), plus ``step_seconds``, the worker round trip alone.
+        # ``serve --step-log`` writes them; the simulator fits its cost models to them.
+        self.on_step = None
+        self._cpu_record: dict | None = None
         self.neo = NeoCostModel()  # the gated baseline's Eq. 1 model
         self.wire = translator.Translator(eos_ids)
         self._ids = itertools.count(1)
@@ -237,15 +244,16 @@ class LLMEngine:
     async def _gpu_loop(self) -> None:
         while True:
             await self.workers.available.wait()  # never plan onto a restarting group
+            t_round = self.clock()
             plan = gpu_round(self.state)
             self._after_round("gpu", plan)
             if plan.empty:
                 await self._sleep(self._gpu_wake)
                 continue
-            await self._run_gpu(plan)
+            await self._run_gpu(plan, t_round=t_round)
 
     async def _run_gpu(self, plan: GpuPlan, cpu_batch: list[EngineRequest] | None = None,
-                       split: int = 0) -> None:
+                       split: int = 0, t_round: float | None = None) -> None:
         """One GPU step; with ``cpu_batch`` (gated) the CPU sub-batches run as NEO's
         pipeline beside it (``split``: how many of them are sub-batch 0)."""
         step_id = next(self._steps)
@@ -269,10 +277,16 @@ class LLMEngine:
             self._step_failed(involved, done)
         else:
             work = _gpu_work(plan)
-            self.neo.observe_gpu(work.tokens + len(cpu_reqs), work.context, self.clock() - t0)
+            step = self.clock() - t0
+            self.neo.observe_gpu(work.tokens + len(cpu_reqs), work.context, step)
             self._apply_gpu(plan, rows, done)
+            if self.on_step is not None:
+                self.on_step({"kind": "gpu", "step_seconds": step,
+                              "seconds": self.clock() - (t0 if t_round is None else t_round),
+                              **gpu_step_work(batch, len(cpu_reqs)).as_dict()})
         if cpu_reqs:
             self._apply_cpu(cpu_reqs, results[1])
+            self._log_cpu_step(None)
         self._wake()
 
     def _apply_gpu(self, plan: GpuPlan, rows: list[StepRow], done) -> None:
@@ -353,6 +367,7 @@ class LLMEngine:
     async def _cpu_loop(self) -> None:
         while True:
             await self.workers.available.wait()
+            t_round = self.clock()
             plan = cpu_round(self.state)
             self._after_round("cpu", plan)
             if plan.recomputed:  # preempted back to the GPU waiting queue
@@ -365,7 +380,17 @@ class LLMEngine:
             except Exception as e:
                 done = e
             self._apply_cpu(plan.batch, done)
+            self._log_cpu_step(t_round)
             self._wake()
+
+    def _log_cpu_step(self, t_round: float | None) -> None:
+        """The CPU step's record, timed from its round's start (its own loop) or as the
+        worker round trip alone (the gated pipeline: the GPU step's record has the round)."""
+        rec, self._cpu_record = self._cpu_record, None
+        if rec is not None and self.on_step is not None:
+            rec["seconds"] = (rec["step_seconds"] if t_round is None
+                              else self.clock() - t_round)
+            self.on_step(rec)
 
     async def _cpu_step(self, reqs: list[EngineRequest], route: str = "",
                         split: int = 0):
@@ -373,7 +398,12 @@ class LLMEngine:
         for r in reqs:
             r.in_flight = "cpu"
         batch = self.wire.cpu_batch(next(self._steps), reqs, route, split)
+        t0 = self.clock()
         done = await self.workers.cpu.step(batch)
+        if self.on_step is not None:
+            self._cpu_record = {"kind": "cpu", "step_seconds": self.clock() - t0,
+                                "attention": done.attn_us * 1e-6,
+                                **cpu_step_work(batch, done.route).as_dict()}
         # Eq. 1 compares GPU linear time with CPU *attention* time: the worker reports it.
         self.neo.observe_cpu(sum(r.num_tokens for r in reqs), done.attn_us * 1e-6)
         return done
@@ -406,13 +436,14 @@ class LLMEngine:
         own stage tasks, in two sub-batches (asymmetric pipelining)."""
         while True:
             await self.workers.available.wait()
+            t_round = self.clock()
             plan = gpu_round(self.state)
             self._after_round("gpu", plan)
             sel = self._gated_selection(plan)
             if plan.empty and not sel.cpu:
                 await self._sleep(self._gpu_wake)
                 continue
-            await self._run_gpu(plan, sel.cpu, split=len(sel.sb0))
+            await self._run_gpu(plan, sel.cpu, split=len(sel.sb0), t_round=t_round)
             st = self.state  # between iterations CPU-resident requests wait (swap-in-able)
             for r in reversed([r for r in st.cpu_running if not r.finished]):
                 st.cpu_waiting.appendleft(r)

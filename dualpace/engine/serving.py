@@ -5,6 +5,7 @@ drive this one object (no in-process shortcut)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 from dualpace.config import EngineConfig
@@ -25,13 +26,17 @@ class EngineUnavailable(RuntimeError):
 
 
 class ServingEngine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, step_log: str | None = None):
+        """``step_log``: a file that gets one JSON line per executed step (its work and
+        seconds; what ``dualpace simulate`` fits its cost models to)."""
         self.config = resolve(config)  # once: the runtime and the workers get this object
         self.model_config = load_model_config(config.model)
         self.tokenizer = Tokenizer(config.model)
         self.runtime = Runtime(self.config)
         self.engine: LLMEngine | None = None
         self._watch: asyncio.Task | None = None
+        self.step_log = step_log
+        self._step_file = None
 
     @property
     def max_model_len(self) -> int:
@@ -50,6 +55,9 @@ class ServingEngine:
                                 policy=cfg.policy_object,
                                 vocab_size=mc.vocab_size, eos_ids=eos, tokenizer=self.tokenizer)
         rt.on_failure(lambda exc: self.engine.fail_all(str(exc)))
+        if self.step_log:
+            self._step_file = open(self.step_log, "a", buffering=1 << 16)  # noqa: SIM115
+            self.engine.on_step = self._log_step
         self.engine.start()
         self._watch = asyncio.create_task(self._watch_dead())
 
@@ -86,9 +94,15 @@ class ServingEngine:
     def metrics(self) -> dict[str, float]:
         return self.engine.metrics.samples() if self.engine else {}
 
+    def _log_step(self, record: dict) -> None:
+        self._step_file.write(json.dumps(record, separators=(",", ":")) + "\n")
+
     async def stop(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
         if self.engine is not None:
             await self.engine.stop()
         await self.runtime.stop()
+        if self._step_file is not None:
+            self._step_file.close()
+            self._step_file = None

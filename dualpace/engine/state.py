@@ -99,18 +99,19 @@ class SchedulerState:
                     raise AssertionError(f"sibling {f.rid} of waiting request {r.rid} is "
                                          "queued, holds blocks or awaits no fork")
                 seen[f.rid] = f"forks of {r.rid}"
-        gpu_blocks = [b for r in live if r.owner is Owner.GPU for b in r.blocks]
-        cpu_blocks = [b for r in live if r.owner is Owner.CPU for b in r.blocks]
-        for r in live:  # host source blocks of a swap-in still in flight
-            cpu_blocks.extend(r.pending_free)
-        if len(gpu_blocks) != len(set(gpu_blocks)) or len(cpu_blocks) != len(set(cpu_blocks)):
+        # (set unions and len sums run in C: the simulator checks this after every round)
+        gpu_lists = [r.blocks for r in live if r.owner is Owner.GPU]
+        cpu_lists = [r.blocks for r in live if r.owner is Owner.CPU]
+        cpu_lists += [r.pending_free for r in live if r.pending_free]  # swap-in sources
+        n_gpu, n_cpu = sum(map(len, gpu_lists)), sum(map(len, cpu_lists))
+        if n_gpu != len(set().union(*gpu_lists)) or n_cpu != len(set().union(*cpu_lists)):
             raise AssertionError("a KV block is held twice")
-        if len(gpu_blocks) != self.gpu_pool.num_used:
+        if n_gpu != self.gpu_pool.num_used:
             raise AssertionError(f"GPU pool: {self.gpu_pool.num_used} used, requests hold "
-                                 f"{len(gpu_blocks)}")
-        if len(cpu_blocks) != self.host_pool.num_used:
+                                 f"{n_gpu}")
+        if n_cpu != self.host_pool.num_used:
             raise AssertionError(f"host pool: {self.host_pool.num_used} used, requests hold "
-                                 f"{len(cpu_blocks)}")
+                                 f"{n_cpu}")
         for r in live:
             if r.phase is not Phase.FINISHED and r.rid not in seen:
                 raise AssertionError(f"live request {r.rid} is in no queue")

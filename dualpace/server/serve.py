@@ -64,10 +64,11 @@ async def _watchdog(notifier: Notifier, serving: ServingEngine) -> None:
 
 
 async def serve(config: EngineConfig, host: str, port: int, model_name: str,
-                api_key: str | None, max_queued_requests: int, drain_timeout: float) -> int:
+                api_key: str | None, max_queued_requests: int, drain_timeout: float,
+                step_log: str | None = None) -> int:
     notifier = Notifier()
     notifier.status("loading model")
-    serving = ServingEngine(config)
+    serving = ServingEngine(config, step_log)
     try:
         await serving.start()
     except BaseException:

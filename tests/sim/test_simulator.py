@@ -1,0 +1,281 @@
+"""The simulator: the virtual clock's event order, the cost models' formulas on hand-computed
+cases, the step-cost fit, and simulated runs of the production scheduler with the invariants
+checked after every round (sim/run.py raises on the first violation)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from dualpace.engine.state import Limits
+from dualpace.runtime import protocol as P
+from dualpace.sim.costs import FittedCosts, RooflineCosts, fit_step_costs, nnls
+from dualpace.sim.hardware import CpuSpec, GpuSpec, Hardware, load_hardware, shipped_setups
+from dualpace.sim.loop import SimulationStalled, run_virtual
+from dualpace.sim.run import InvariantViolation, simulate
+from dualpace.sim.setup import SimSetup, load_shape, setup_from_hardware
+from dualpace.sim.shape import ModelShape
+from dualpace.sim.work import CpuStepWork, GpuStepWork, gpu_step_work
+from dualpace.workload import Job
+
+# --- the virtual clock ------------------------------------------------------------------------
+
+
+def test_timers_fire_in_time_order_and_ties_in_scheduling_order():
+    async def main():
+        loop = asyncio.get_running_loop()
+        seen = []
+
+        async def at(name, d):
+            await asyncio.sleep(d)
+            seen.append((name, loop.time()))
+
+        await asyncio.gather(at("c", 2.0), at("a", 0.5), at("b", 2.0), at("now", 0))
+        ev = asyncio.Event()
+        loop.call_later(3.0, ev.set)
+        await ev.wait()
+        seen.append(("event", loop.time()))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(asyncio.Event().wait(), 1.5)
+        seen.append(("timeout", loop.time()))
+        return seen
+
+    assert run_virtual(main()) == [("now", 0.0), ("a", 0.5), ("c", 2.0), ("b", 2.0),
+                                   ("event", 5.0), ("timeout", 6.5)]
+
+
+def test_a_deadlocked_simulation_is_reported_not_hung():
+    async def main():
+        await asyncio.Event().wait()
+
+    with pytest.raises(SimulationStalled):
+        run_virtual(main())
+
+
+def test_virtual_time_costs_no_real_time():
+    import time
+
+    async def main():
+        for _ in range(1000):
+            await asyncio.sleep(3600)
+        return asyncio.get_running_loop().time()
+
+    t0 = time.perf_counter()
+    assert run_virtual(main()) == 3_600_000
+    assert time.perf_counter() - t0 < 5
+
+
+# --- the cost models --------------------------------------------------------------------------
+SHAPE = ModelShape(num_layers=2, hidden=8, q_size=8, kv_size=4, intermediate=16, vocab=10)
+GPU = GpuSpec(count=1, hbm_gib=1, hbm_gbps=1, bf16_tflops=1e-3, link_gbps=2, eff_mem=1,
+              eff_flops=1, eff_link=1, step_overhead_s=0.5, assist_overhead_s=0.25)
+CPU = CpuSpec(cores=2, dram_gbps=1, amx=True, amx_tflops_per_core=1e-3, per_core_gbps=0.25,
+              eff_mem=1, eff_flops=1, step_overhead_s=0.125)
+HW = Hardware("toy", GPU, CPU, host_kv_gib=1)
+
+
+def test_model_shape_by_hand():
+    # qkv 8*(8+8)=128; post 8*8 + 3*8*16 = 448; layer 576; head 80; dense 2*576+80 = 1232
+    assert (SHAPE.qkv_params, SHAPE.post_attn_params, SHAPE.head_params) == (128, 448, 80)
+    assert SHAPE.dense_params == 1232
+    assert SHAPE.weight_bytes == (1232 + 80) * 2
+    assert SHAPE.kv_bytes_per_token == 2 * 2 * 4 * 2
+
+
+def test_gpu_roofline_by_hand():
+    c = RooflineCosts(HW, SHAPE)
+    # memory: 1232 params x 2 B / 1e9 B/s; compute: 2 x 1232 x 1000 / 1e9 FLOP/s
+    assert c.gpu_dense(1232, 1) == pytest.approx(2464e-9)
+    assert c.gpu_dense(1232, 1000) == pytest.approx(2464e-6)
+    w = GpuStepWork(decode_rows=3, context=300, link_tokens=10)
+    # 0.5 overhead + dense(3 rows: 2 x 1232 x 3 FLOPs outweigh 2464 B) + 300 x 32 B KV / 1e9
+    # + 10 x 32 B / 2e9
+    assert c.gpu_step(w) == pytest.approx(0.5 + 7392e-9 + 9600e-9 + 160e-9)
+    p = GpuStepWork(prefill_tokens=100, context=100, prefill_context=100 * 50)
+    # dense compute-bound 2 x 1232 x 100 / 1e9; attention 4 x 2 x 8 x 5000 / 1e9 FLOPs
+    assert c.gpu_step(p) == pytest.approx(0.5 + 246400e-9 + 320000e-9)
+
+
+def test_cpu_roofline_by_hand():
+    c = RooflineCosts(HW, SHAPE)
+    bw = min(1, 2 * 0.25) * 1e9  # two cores stream 0.5 GB/s, under the node's 1 GB/s
+    assert c.cpu_bandwidth() == bw
+    att = 100 * 32 / bw
+    assert c.cpu_attention(100) == pytest.approx(att)
+
+    def dense(params, rows):  # max(bytes / bw, 2 params rows / (2 cores x 1 GFLOP/s))
+        return max(params * 2 / bw, 2 * params * rows / 2e9)
+
+    full = c.cpu_step(CpuStepWork(4, 100, "full-cpu"))
+    want = 0.125 + att + 2 * dense(128, 4) + 2 * dense(448, 4) + dense(80, 4)
+    assert full.seconds == pytest.approx(want) and full.gpu_disturbance == 0
+    assert full.attention == pytest.approx(att)
+    fused = c.cpu_step(CpuStepWork(4, 100, "fused-assist"))
+    gpu_post = 0.25 + c.gpu_dense(448, 4)
+    gpu_head = 0.25 + c.gpu_dense(80, 4)
+    move_post = 2 * 4 * (8 + 8) * 4 / 2e9
+    move_head = 2 * 4 * 8 * 4 / 2e9
+    assert fused.seconds == pytest.approx(0.125 + att + 2 * dense(128, 4)
+                                          + 2 * (gpu_post + move_post) + gpu_head + move_head)
+    assert fused.gpu_disturbance == pytest.approx(2 * gpu_post + gpu_head)
+    neo = c.cpu_step(CpuStepWork(4, 100, "neo-pipeline"))
+    assert neo.seconds == pytest.approx(0.125 + att) and neo.gpu_disturbance == 0
+
+
+def test_tp_allreduce_by_hand():
+    hw = dataclasses.replace(HW, gpu=dataclasses.replace(GPU, count=4, interconnect_gbps=1,
+                                                         allreduce_latency_s=0.01))
+    c = RooflineCosts(hw, SHAPE)
+    # 10 tokens x 8 hidden x 2 B, ring 2 x 3/4, over 1 GB/s, + 0.01 s, per call
+    assert c.gpu_allreduce(10, 3) == pytest.approx(3 * (160 * 1.5 / 1e9 + 0.01))
+    assert RooflineCosts(HW, SHAPE).gpu_allreduce(10, 3) == 0
+
+
+def test_nnls_and_the_step_cost_fit():
+    import numpy as np
+
+    x = np.array([[1.0, 0], [1, 1], [1, 2], [1, 3]])
+    assert nnls(x, np.array([1.0, 3, 5, 7])) == pytest.approx([1, 2])
+    assert nnls(x, np.array([7.0, 5, 3, 1]))[1] == 0  # a falling cost is clipped at 0
+    samples = [{"kind": "gpu", "seconds": 0.01 + 1e-4 * t + 2e-3 * r, "prefill_tokens": t,
+                "decode_rows": r, "context": 0, "prefill_context": 0, "link_tokens": 0,
+                "carried_rows": 0} for t in (0, 64, 512) for r in (1, 4, 9)]
+    samples += [{"kind": "cpu", "route": "full-cpu", "seconds": 0.02 + 1e-3 * b + 1e-6 * c,
+                 "attention": 1e-6 * c, "batch": b, "context": c}
+                for b in (1, 2, 8) for c in (100, 5000)]
+    fit = json.loads(json.dumps(fit_step_costs(samples)))  # what the profile JSON holds
+    costs = FittedCosts(fit)
+    assert costs.gpu_step(GpuStepWork(prefill_tokens=100, decode_rows=3)) == pytest.approx(
+        0.01 + 1e-2 + 6e-3)
+    c = costs.cpu_step(CpuStepWork(5, 1000, "full-cpu"))
+    assert c.seconds == pytest.approx(0.02 + 5e-3 + 1e-3) and c.attention == pytest.approx(1e-3)
+    # a route never measured costs what Full-CPU does
+    assert costs.cpu_step(CpuStepWork(5, 1000, "fused-assist")).seconds == pytest.approx(
+        c.seconds)
+
+
+def test_step_work_from_descriptors():
+    batch = P.GpuBatch(step_id=1, seqs=[
+        P.SeqStep(req_id=1, token_ids=[5], start_pos=9),  # decode at context 10
+        P.SeqStep(req_id=2, token_ids=[1] * 6, start_pos=4),  # a chunk: 6 x (4 + 3)
+        P.SeqStep(req_id=3, token_ids=[1] * 8, start_pos=0, host_blocks=[1, 2],
+                  forks=[P.Fork(req_id=4, blocks=[3, 4])])],  # P2C, copied twice
+        swap_out=[P.Migration(req_id=7, src_blocks=[1], dst_blocks=[2], num_tokens=12)])
+    w = gpu_step_work(batch, carried_rows=2)
+    assert w == GpuStepWork(prefill_tokens=14, decode_rows=1, context=10 + 10 + 8,
+                            prefill_context=6 * 7 + 8 * 4, link_tokens=16 + 12,
+                            carried_rows=2)
+    assert w.tokens == 17
+
+
+def test_shipped_setups_load_and_size_their_pools():
+    assert set(shipped_setups()) >= {"rtx4090-xeon4510", "2xh20-8469c", "4xh20-8469c",
+                                     "h200-16c"}
+    hw = load_hardware("rtx4090-xeon4510")
+    shape = load_shape("llama-3.1-8b")
+    assert shape.dense_params == pytest.approx(7.5e9, rel=0.02)  # 8.0B minus the embedding
+    s = setup_from_hardware(hw, shape)
+    block = 16 * shape.kv_bytes_per_token
+    want = (24 * 0.9 - 2) * 2**30 - shape.weight_bytes
+    assert s.gpu_blocks == int(want // block)
+    assert s.host_blocks == int(120 * 2**30 // block)
+    for name in shipped_setups():
+        assert load_hardware(name).sources, name  # every figure says where it comes from
+    with pytest.raises(ValueError, match="neither a file nor a shipped setup"):
+        load_hardware("no-such-box")
+    with pytest.raises(ValueError, match="neither a checkpoint directory"):
+        load_shape("no-such-model")
+
+
+# --- simulated runs ---------------------------------------------------------------------------
+def _small_setup(gpu_blocks=60, host_blocks=400) -> SimSetup:
+    return SimSetup(gpu_blocks, host_blocks, 16, Limits(
+        max_num_seqs=16, gpu_token_limit=512, cpu_batch_limit=32, max_model_len=4096,
+        staging_blocks=64), (0, 0), SHAPE.num_layers)
+
+
+def _jobs(n=120, seed=1):
+    import random
+
+    rng = random.Random(seed)
+    return [Job([1] * rng.randint(20, 400), rng.randint(5, 120)) for _ in range(n)]
+
+
+class _Costs:
+    """Simple known costs: GPU 10 ms + 0.1 ms a token, CPU 20 ms + 1 ms a row."""
+
+    def gpu_step(self, w):
+        return 0.010 + 1e-4 * w.tokens
+
+    def cpu_step(self, w):
+        from dualpace.sim.costs import CpuStepCost
+
+        t = 0.020 + 1e-3 * w.batch
+        return CpuStepCost(t, t / 2, 0.005 if w.route != "full-cpu" else 0.0)
+
+
+@pytest.mark.parametrize("policy", ["dualpace", "gated", "gpu-only"])
+def test_simulated_runs_complete_every_request_with_invariants_checked(policy):
+    out = simulate(_small_setup(), _Costs(), policy, _jobs(), rate=20.0)
+    assert out["completed"] == 120 and out["failed"] == 0
+    assert out["simulator"]["invariants_checked"]
+    assert out["total_output_tokens"] == sum(j.max_tokens for j in _jobs())
+    steps = out["simulator"]["steps"]
+    if policy == "gpu-only":
+        assert steps["cpu"] == 0
+    else:
+        assert steps["cpu"] > 0  # the small GPU pool sends work to the CPU tier
+    # a single request alone: TTFT is its prefill step, ITL the decode step cost
+    one = simulate(_small_setup(), _Costs(), policy, [Job([1] * 100, 4)], rate=1.0)
+    assert one["mean_ttft_ms"] == pytest.approx(10 + 0.1 * 100)
+    assert one["mean_itl_ms"] == pytest.approx(10.1)
+
+
+def test_simulation_is_deterministic_and_load_raises_latency():
+    a = simulate(_small_setup(), _Costs(), "dualpace", _jobs(), rate=20.0)
+    b = simulate(_small_setup(), _Costs(), "dualpace", _jobs(), rate=20.0)
+    assert {k: v for k, v in a.items() if k != "simulator"} == {
+        k: v for k, v in b.items() if k != "simulator"}
+    slow = simulate(_small_setup(), _Costs(), "dualpace", _jobs(), rate=200.0)
+    assert slow["mean_normalized_latency_s"] > a["mean_normalized_latency_s"]
+
+
+def test_an_invariant_violation_ends_the_run(monkeypatch):
+    from dualpace.engine import state
+
+    def broken(self):
+        return "Eq. 2: planted"
+
+    monkeypatch.setattr(state.SchedulerState, "eq2_violation", broken)
+    with pytest.raises(InvariantViolation, match="planted"):
+        simulate(_small_setup(), _Costs(), "dualpace", _jobs(10), rate=5.0)
+
+
+def test_cli_hardware_mode_json(tmp_path):
+    trace = tmp_path / "t.csv"
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    rows += [f"2023-11-16 18:15:{i:02d}.000,{200 + 37 * i % 900},{20 + 13 * i % 200}"
+             for i in range(40)]
+    trace.write_text("\n".join(rows) + "\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "dualpace", "simulate", "--hardware", "rtx4090-xeon4510",
+         "--model", "llama-3.1-8b", "--trace", str(trace), "--num-requests", "40",
+         "--rates", "1,4,16", "--json", "--host-kv-gib-sweep", "30,120"],
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(res["policies"]) == {"dualpace", "gated", "gpu-only"}
+    for p in res["policies"].values():
+        assert set(p["p99_ttft_ms"]) == {"1.0", "4.0", "16.0"}
+    assert set(res["what_if"]) == {"host_kv_gib=30.0", "host_kv_gib=120.0"}
+    assert res["setup"]["gpu_kv_blocks"] > 0 and not math.isnan(res["targets"]["p99_itl_ms"])
+    bad = subprocess.run([sys.executable, "-m", "dualpace", "simulate", "--model", "x",
+                          "--trace", str(trace), "--rates", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "one of --hardware" in bad.stderr
