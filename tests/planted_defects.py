@@ -188,6 +188,16 @@ PLANTS = [
     Plant("fork-same-seed", "every sample of a group uses the request's seed",
           "dualpace/engine/llm_engine.py", "_int64(seed + i),", "_int64(seed),",
           ("tests/engine/test_parallel_sampling.py",)),
+    Plant("sim-clock-overshoots", "the virtual clock advances past the next timer",
+          "dualpace/sim/loop.py", "        self.now += max(timeout, 0.0)",
+          "        self.now += max(timeout, 0.0) * 1.5", ("tests/sim/test_simulator.py",)),
+    Plant("sim-cpu-bandwidth-uncapped", "the CPU roofline ignores what the cores can stream",
+          "dualpace/sim/costs.py",
+          "        return min(c.dram_gbps, c.cores * c.per_core_gbps) * 1e9 * c.eff_mem",
+          "        return c.dram_gbps * 1e9 * c.eff_mem", ("tests/sim/test_simulator.py",)),
+    Plant("sim-disturbance-ignored", "Dense Assist's GPU time never reaches GPU-main",
+          "dualpace/sim/workers.py", "            self.disturbance += c.gpu_disturbance",
+          "            pass", ("tests/sim/test_simulator.py",)),
 ]
 
 

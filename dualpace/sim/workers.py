@@ -14,6 +14,7 @@ Two couplings between the workers are modeled, as the real ones behave:
 from __future__ import annotations
 
 import asyncio
+import math
 
 from dualpace.runtime import protocol as P
 from dualpace.runtime.routing import NEO_PIPELINE, assist_calls
@@ -65,6 +66,7 @@ class SimWorkers:
         return asyncio.get_running_loop().time()
 
     async def gpu_step(self, batch: P.GpuBatch) -> P.StepDone:
+        self.gpu_busy_until = math.inf  # busy from now: a CPU step issued beside it sees so
         await asyncio.sleep(0)  # the gated loop issues its CPU sub-batches in the same instant
         carried, self.neo_rows = self.neo_rows, 0
         t = self.costs.gpu_step(gpu_step_work(batch, carried)) + self.disturbance

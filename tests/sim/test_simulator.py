@@ -279,3 +279,83 @@ def test_cli_hardware_mode_json(tmp_path):
                           "--trace", str(trace), "--rates", "1"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "one of --hardware" in bad.stderr
+
+
+def test_the_engine_logs_every_step_with_its_work():
+    """``on_step`` (serve --step-log) sees every executed step: its kind, the round-to-apply
+    seconds and the worker round trip, and the work the cost models read."""
+    from dualpace.engine.llm_engine import LLMEngine
+    from dualpace.sampling.params import SamplingParams
+
+    from ..engine.fake_workers import FakeWorkers
+
+    async def main():
+        workers = FakeWorkers(delay=0.001)
+        limits = Limits(max_num_seqs=4, gpu_token_limit=64, cpu_batch_limit=4,
+                        max_model_len=1000, staging_blocks=64)
+        eng = LLMEngine(workers, gpu_blocks=8, host_blocks=200, block_size=4, limits=limits,
+                        policy="dualpace", vocab_size=1000, eos_ids=())
+        records = []
+        eng.on_step = records.append
+        eng.start()
+        streams = [eng.add_request([1] * n, SamplingParams(max_tokens=6, temperature=0), 1000)
+                   for n in (10, 20, 30)]
+        for s in streams:
+            async for _ in s:
+                pass
+        await eng.stop()
+        return records, workers
+
+    records, workers = asyncio.run(main())
+    gpu = [r for r in records if r["kind"] == "gpu"]
+    cpu = [r for r in records if r["kind"] == "cpu"]
+    assert len(gpu) == workers.gpu.steps and len(cpu) == workers.cpu.steps > 0
+    assert sum(r["prefill_tokens"] for r in gpu) == 60  # every prompt computed once
+    # every output token came from one decode row or one prompt-completing step
+    assert sum(r["decode_rows"] for r in gpu) + sum(r["batch"] for r in cpu) + 3 == 18
+    assert all(r["seconds"] >= r["step_seconds"] > 0 for r in records)
+    assert {r["route"] for r in cpu} == {"full-cpu"}
+
+
+def test_assist_disturbance_lengthens_a_busy_gpu_and_neo_rows_ride_its_step():
+    """Eq. 8 in the simulated workers: a Fused-Assist CPU step's GPU time is paid by the GPU
+    step that follows while GPU-main was busy, not when it was idle; the gated pipeline's
+    CPU rows are priced into the GPU step they ride on."""
+    from dualpace.sim.workers import SimWorkers
+
+    spec = P.SamplingSpec(temperature=0.0, top_p=1.0, top_k=-1, seed=0)
+
+    def decode(rid):
+        return P.SeqStep(req_id=rid, token_ids=[1], start_pos=5)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        w = SimWorkers(_Costs(), (0, 0), SHAPE.num_layers)  # (0, 0): every batch assists
+        for g in (w.gpu, w.cpu):
+            for rid in (1, 2, 3):
+                g.send(P.NewRequest(req_id=rid, sampling=spec))
+        t = loop.time()
+        await w.cpu.step(P.CpuBatch(step_id=1, seqs=[decode(2)]))  # GPU idle: no debt
+        await w.gpu.step(P.GpuBatch(step_id=2, seqs=[decode(1)]))
+        idle = loop.time() - t
+        prefill = P.SeqStep(req_id=1, token_ids=[1] * 200, start_pos=0)  # a 30 ms step
+
+        async def cpu_later():
+            await asyncio.sleep(0.001)  # GPU-main is mid-step when the call arrives
+            await w.cpu.step(P.CpuBatch(step_id=4, seqs=[decode(2)]))
+
+        await asyncio.gather(w.gpu.step(P.GpuBatch(step_id=3, seqs=[prefill])), cpu_later())
+        t_busy = loop.time()
+        await w.gpu.step(P.GpuBatch(step_id=5, seqs=[decode(1)]))
+        paid = loop.time() - t_busy
+        t = loop.time()
+        await asyncio.gather(w.gpu.step(P.GpuBatch(step_id=6, seqs=[decode(1)])),
+                             w.cpu.step(P.CpuBatch(step_id=7, seqs=[decode(2), decode(3)],
+                                                   route="neo-pipeline")))
+        return idle, paid, loop.time() - t
+
+    idle, paid, neo = run_virtual(main())
+    assert idle == pytest.approx(0.021 + 0.0101)  # CPU 20 ms + 1 ms/row, then GPU 10.1 ms
+    assert paid == pytest.approx(0.0101 + 0.005)  # the next GPU step pays the 5 ms assist
+    # the GPU step carries 2 CPU rows (10 ms + 0.1 ms x 3 tokens); the CPU step is 22 ms
+    assert neo == pytest.approx(max(0.0103, 0.022))
