@@ -156,9 +156,10 @@ def prepare(args) -> tuple[str, list]:
     return model, jobs
 
 
-def simulate_policy(model: str, policy: str, jobs, args, costs) -> list[dict]:
+def simulate_policy(model: str, policy: str, jobs, args, profile: dict) -> list[dict]:
     """The same sweep on the virtual clock: the server's engine shape, the same offsets."""
     from dualpace.cli import build_parser
+    from dualpace.sim.costs import profile_costs
     from dualpace.sim.run import simulate
     from dualpace.sim.setup import setup_from_config
 
@@ -167,6 +168,7 @@ def simulate_policy(model: str, policy: str, jobs, args, costs) -> list[dict]:
     from dualpace.config import EngineConfig
 
     setup = setup_from_config(EngineConfig.from_options(model, **_engine_options(ns)))
+    costs = profile_costs(profile, policy)
     runs = []
     for rate in args.rates:
         run = simulate(setup, costs, policy, jobs, rate, args.seed)
@@ -182,13 +184,16 @@ def fit_measured_profile(policies, args) -> Path:
     from dualpace.profile_file import PROFILE_FORMAT
     from dualpace.sim.costs import fit_step_costs
 
-    samples = []
+    by_policy = {}
     for p in policies:
         log = step_log(p, args)
         if log.exists():
-            samples += [json.loads(line) for line in log.read_text().splitlines() if line]
+            by_policy[p] = [json.loads(line) for line in log.read_text().splitlines() if line]
     prof = json.loads(Path(args.profile).read_text()) if args.profile else {}
-    prof.update({"format": PROFILE_FORMAT, "step_costs": fit_step_costs(samples)})
+    prof.update({"format": PROFILE_FORMAT,
+                 "step_costs": fit_step_costs([s for v in by_policy.values() for s in v]),
+                 "step_costs_by_policy": {p: fit_step_costs(v) for p, v in by_policy.items()
+                                          if any(s["kind"] == "gpu" for s in v)}})
     path = Path(args.out) / "profile-measured.json"
     path.write_text(json.dumps(prof, indent=1))
     return path
@@ -213,15 +218,13 @@ def main() -> None:
     policies = args.policies.split(",")
     extra = {}
     if args.simulate:
-        from dualpace.sim.costs import FittedCosts
-
         sim_profile = Path(args.sim_profile or out / "profile-measured.json")
         if not sim_profile.exists():
             raise SystemExit(f"compare_policies: {sim_profile} does not exist: run without "
                              "--simulate first (it measures the step costs), or pass "
                              "--sim-profile")
-        costs = FittedCosts(json.loads(sim_profile.read_text())["step_costs"])
-        results = {p: simulate_policy(model, p, jobs, args, costs) for p in policies}
+        profile = json.loads(sim_profile.read_text())
+        results = {p: simulate_policy(model, p, jobs, args, profile) for p in policies}
         extra["sim_profile"] = str(sim_profile)
         name = "compare-sim"
     else:

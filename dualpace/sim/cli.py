@@ -57,9 +57,10 @@ def _floats(text: str) -> list[float]:
         raise SystemExit(f"simulate: not a list of numbers: {text!r}") from None
 
 
-def build(args, config, host_kv_gib: float | None = None, cpu_cores: int | None = None):
-    """(setup, costs) for one point of the what-if sweep."""
-    from dualpace.sim.costs import FittedCosts, RooflineCosts
+def build(args, config, policy: str, host_kv_gib: float | None = None,
+          cpu_cores: int | None = None):
+    """(setup, costs) of one policy at one point of the what-if sweep."""
+    from dualpace.sim.costs import RooflineCosts, profile_costs
     from dualpace.sim.hardware import load_hardware
     from dualpace.sim.setup import load_shape, setup_from_config, setup_from_hardware
 
@@ -79,21 +80,21 @@ def build(args, config, host_kv_gib: float | None = None, cpu_cores: int | None 
         setup = setup_from_hardware(hw, shape, host_kv_gib=host_kv_gib, **kw)
         return setup, RooflineCosts(hw, shape)
     prof = json.loads(Path(args.profile).read_text())
-    if not prof.get("step_costs"):
-        raise SystemExit(f"simulate: {args.profile} has no 'step_costs' (write one with "
-                         "bench/compare_policies.py, or fit a `serve --step-log`)")
     if host_kv_gib:
         config = dataclasses.replace(config, cpu_kv_gib=host_kv_gib)
-    return setup_from_config(config), FittedCosts(prof["step_costs"])
+    try:
+        return setup_from_config(config), profile_costs(prof, policy)
+    except ValueError as e:
+        raise SystemExit(f"simulate: {args.profile}: {e}") from None
 
 
 def sweep(args, config, jobs, policies, rates, host_kv_gib=None, cpu_cores=None) -> dict:
     from dualpace.sim.run import simulate
     from dualpace.workload import sweep_summary, sweep_targets
 
-    setup, costs = build(args, config, host_kv_gib, cpu_cores)
     runs = {}
     for policy in policies:
+        setup, costs = build(args, config, policy, host_kv_gib, cpu_cores)
         runs[policy] = []
         for rate in rates:
             r = simulate(setup, costs, policy, jobs, rate, args.seed, check=not args.no_check)

@@ -102,6 +102,19 @@ def fit_step_costs(samples: list[dict]) -> dict:
     return out
 
 
+def profile_costs(profile: dict, policy: str) -> FittedCosts:
+    """A profile's step costs for ``policy``: the ones fitted to that policy's own server
+    where the profile has them (``step_costs_by_policy``: on a small box the workers share
+    cores, and a GPU step runs ~25% slower beside a busy CPU worker than alone), else the
+    pooled fit (``step_costs``)."""
+    by_policy = profile.get("step_costs_by_policy") or {}
+    coefs = by_policy.get(policy) or profile.get("step_costs")
+    if not coefs:
+        raise ValueError("profile: no 'step_costs' (write one with bench/compare_policies.py, "
+                         "or fit a `serve --step-log` with dualpace.sim.costs.fit_step_costs)")
+    return FittedCosts(coefs)
+
+
 class FittedCosts(CostModel):
     def __init__(self, coefs: dict):
         if not coefs.get("gpu"):
