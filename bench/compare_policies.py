@@ -179,6 +179,26 @@ def simulate_policy(model: str, policy: str, jobs, args, profile: dict) -> list[
     return runs
 
 
+def validation(real: dict, simulated: dict, factor: float) -> dict:
+    """The simulated sweep against the real one in --out, at the *real* run's targets (each
+    run's own targets come from its own gpu-only point at the lowest rate, one noisy
+    measurement; a shared target compares the curves, not that point): per policy and
+    target, the real and simulated sustainable rates and the simulation's relative error."""
+    runs = real["runs"]
+    targets = sweep_targets(runs.get("gpu-only", next(iter(runs.values()))), factor)
+    out = {}
+    for p, sim_runs in simulated.items():
+        if p not in runs:
+            continue
+        a, b = sweep_summary(runs[p], targets), sweep_summary(sim_runs, targets)
+        out[p] = {}
+        for key in ("sustainable_rate", "sustainable_rate_p99_ttft"):
+            x, y = a[key], b[key]
+            out[p][key] = {"real": x, "simulated": y,
+                           "error": round(y / x - 1, 4) if x and y else None}
+    return out
+
+
 def fit_measured_profile(policies, args) -> Path:
     """The step costs of every policy's server, fitted together: profile-measured.json."""
     from dualpace.profile_file import PROFILE_FORMAT
@@ -243,6 +263,9 @@ def main() -> None:
                                     round(r["cpu_stall_p99_s"], 4) for r in runs},
                 "cpu_tokens": runs[-1]["cpu_tokens"],
                 "assist_calls": {str(r["request_rate"]): r["assist_calls"] for r in runs}})
+    if args.simulate and (out / "compare.json").exists():
+        extra["validation"] = validation(json.loads((out / "compare.json").read_text()),
+                                         results, args.target_factor)
     (out / f"{name}.json").write_text(json.dumps({"summary": summary, "runs": results},
                                                  indent=2))
     plot_sweep(results, targets, out / f"{name}.png")

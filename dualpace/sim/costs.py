@@ -24,6 +24,7 @@ from dualpace.sim.hardware import Hardware
 from dualpace.sim.shape import ModelShape
 from dualpace.sim.work import CpuStepWork, GpuStepWork
 
+MIN_SPLIT = 50  # steps each side needs before GPU steps are fitted alone / beside the CPU
 GPU_FEATURES = ("prefill_tokens", "decode_rows", "context", "prefill_context", "link_tokens",
                 "carried_rows", "prefill_step")
 CPU_FEATURES = ("batch", "context")
@@ -37,9 +38,10 @@ class CpuStepCost:
 
 
 class CostModel:
-    """Interface: ``gpu_step(work)`` and ``cpu_step(work)``."""
+    """Interface: ``gpu_step(work, beside)`` and ``cpu_step(work)``; ``beside``: the CPU
+    worker runs a step meanwhile (where the two share cores, a GPU step is slower then)."""
 
-    def gpu_step(self, w: GpuStepWork) -> float:
+    def gpu_step(self, w: GpuStepWork, beside: bool = False) -> float:
         raise NotImplementedError
 
     def cpu_step(self, w: CpuStepWork) -> CpuStepCost:
@@ -83,12 +85,20 @@ def fit_step_costs(samples: list[dict]) -> dict:
     "seconds", features...}) (weighted: ``_relative``). The intercept is the step's fixed
     overhead."""
     out: dict = {"gpu": None, "cpu": {}}
+
+    def fit_gpu(rows: list[dict]) -> dict:
+        x = np.array([[1.0, *(_feature(s, f) for f in GPU_FEATURES)] for s in rows])
+        coef = nnls(*_relative(x, np.array([s["seconds"] for s in rows])))
+        return {**dict(zip(("overhead", *GPU_FEATURES), coef.tolist())), "samples": len(rows)}
+
     gpu = [s for s in samples if s["kind"] == "gpu"]
     if gpu:
-        x = np.array([[1.0, *(_feature(s, f) for f in GPU_FEATURES)] for s in gpu])
-        coef = nnls(*_relative(x, np.array([s["seconds"] for s in gpu])))
-        out["gpu"] = dict(zip(("overhead", *GPU_FEATURES), coef.tolist()))
-        out["gpu"]["samples"] = len(gpu)
+        out["gpu"] = fit_gpu(gpu)
+        alone = [s for s in gpu if not s.get("beside")]
+        beside = [s for s in gpu if s.get("beside")]
+        if len(alone) >= MIN_SPLIT and len(beside) >= MIN_SPLIT:  # contention, measured
+            out["gpu"] = fit_gpu(alone)
+            out["gpu_beside"] = fit_gpu(beside)
     routes = sorted({s["route"] for s in samples if s["kind"] == "cpu"})
     for route in routes:
         rows = [s for s in samples if s["kind"] == "cpu" and s["route"] == route]
@@ -120,10 +130,11 @@ class FittedCosts(CostModel):
         if not coefs.get("gpu"):
             raise ValueError("step costs: no GPU steps were fitted")
         self.gpu = coefs["gpu"]
+        self.gpu_beside = coefs.get("gpu_beside")
         self.cpu = coefs.get("cpu", {})
 
-    def gpu_step(self, w: GpuStepWork) -> float:
-        c = self.gpu
+    def gpu_step(self, w: GpuStepWork, beside: bool = False) -> float:
+        c = self.gpu_beside if beside and self.gpu_beside else self.gpu
         return c["overhead"] + sum(c[f] * getattr(w, f) for f in GPU_FEATURES)
 
     def _cpu_route(self, route: str) -> dict:
@@ -181,8 +192,8 @@ class RooflineCosts(CostModel):
         g = self.hw.gpu
         return tokens * self.m.kv_bytes_per_token / (g.link_gbps * 1e9 * g.eff_link)
 
-    def gpu_step(self, w: GpuStepWork) -> float:
-        g, m = self.hw.gpu, self.m
+    def gpu_step(self, w: GpuStepWork, beside: bool = False) -> float:
+        g, m = self.hw.gpu, self.m  # (separate boxes: the CPU tier takes no GPU time)
         hbm = g.count * g.hbm_gbps * 1e9 * g.eff_mem
         flops = g.count * g.bf16_tflops * 1e12 * g.eff_flops
         dense = self.gpu_dense(m.dense_params, w.tokens)

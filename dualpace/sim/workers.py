@@ -56,6 +56,7 @@ class SimWorkers:
         self.available = asyncio.Event()
         self.available.set()
         self.gpu_busy_until = -1.0
+        self.cpu_busy_until = -1.0
         self.disturbance = 0.0  # assist GPU time GPU-main owes its next step
         self.neo_rows = 0  # the gated pipeline's CPU rows issued beside the next GPU step
         self.busy = {"gpu": 0.0, "cpu": 0.0}  # seconds each worker ran steps
@@ -69,7 +70,8 @@ class SimWorkers:
         self.gpu_busy_until = math.inf  # busy from now: a CPU step issued beside it sees so
         await asyncio.sleep(0)  # the gated loop issues its CPU sub-batches in the same instant
         carried, self.neo_rows = self.neo_rows, 0
-        t = self.costs.gpu_step(gpu_step_work(batch, carried)) + self.disturbance
+        beside = carried > 0 or self.cpu_busy_until > self._now()
+        t = self.costs.gpu_step(gpu_step_work(batch, carried), beside) + self.disturbance
         self.disturbance = 0.0
         self.gpu_busy_until = self._now() + t
         self.busy["gpu"] += t
@@ -91,6 +93,7 @@ class SimWorkers:
             self.disturbance += c.gpu_disturbance
         self.busy["cpu"] += c.seconds
         self.steps["cpu"] += 1
+        self.cpu_busy_until = self._now() + c.seconds
         await asyncio.sleep(c.seconds)
         calls = 0 if w.route == NEO_PIPELINE else assist_calls(w.route, self.num_layers)
         return P.StepDone(step_id=batch.step_id, tokens=[1] * w.batch, route=w.route,

@@ -210,7 +210,7 @@ def _jobs(n=120, seed=1):
 class _Costs:
     """Simple known costs: GPU 10 ms + 0.1 ms a token, CPU 20 ms + 1 ms a row."""
 
-    def gpu_step(self, w):
+    def gpu_step(self, w, beside=False):
         return 0.010 + 1e-4 * w.tokens
 
     def cpu_step(self, w):
@@ -314,6 +314,7 @@ def test_the_engine_logs_every_step_with_its_work():
     # every output token came from one decode row or one prompt-completing step
     assert sum(r["decode_rows"] for r in gpu) + sum(r["batch"] for r in cpu) + 3 == 18
     assert all(r["seconds"] >= r["step_seconds"] > 0 for r in records)
+    assert all(r["beside"] in (0, 1) for r in records)
     assert {r["route"] for r in cpu} == {"full-cpu"}
 
 
@@ -359,3 +360,22 @@ def test_assist_disturbance_lengthens_a_busy_gpu_and_neo_rows_ride_its_step():
     assert paid == pytest.approx(0.0101 + 0.005)  # the next GPU step pays the 5 ms assist
     # the GPU step carries 2 CPU rows (10 ms + 0.1 ms x 3 tokens); the CPU step is 22 ms
     assert neo == pytest.approx(max(0.0103, 0.022))
+
+
+def test_gpu_steps_beside_a_busy_cpu_worker_are_fitted_apart():
+    """Where the workers share cores, GPU steps run slower while the CPU worker runs (the
+    engine marks them ``beside``): the fit keeps the two apart once each side has enough
+    steps, and the simulated GPU step uses the one that applies."""
+    def rec(rows, beside):
+        t = (0.004 + 0.001 * rows) * (1.25 if beside else 1.0)
+        return {"kind": "gpu", "seconds": t, "beside": beside, "prefill_tokens": 0,
+                "decode_rows": rows, "context": 0, "prefill_context": 0, "link_tokens": 0,
+                "carried_rows": 0}
+
+    samples = [rec(r, b) for r in range(1, 11) for b in (0, 1) for _ in range(5)]
+    costs = FittedCosts(fit_step_costs(samples))
+    w = GpuStepWork(decode_rows=4)
+    assert costs.gpu_step(w) == pytest.approx(0.008)
+    assert costs.gpu_step(w, beside=True) == pytest.approx(0.010)
+    few = FittedCosts(fit_step_costs(samples[:60]))  # too few beside steps: one pooled fit
+    assert few.gpu_beside is None
