@@ -195,6 +195,29 @@ PLANTS = [
           "dualpace/sim/costs.py",
           "        return min(c.dram_gbps, c.cores * c.per_core_gbps) * 1e9 * c.eff_mem",
           "        return c.dram_gbps * 1e9 * c.eff_mem", ("tests/sim/test_simulator.py",)),
+    Plant("sim-fit-beside-ignored", "simulated GPU steps never use the fit for steps run "
+          "beside the CPU worker", "dualpace/sim/costs.py",
+          "        c = self.gpu_beside if beside and self.gpu_beside else self.gpu",
+          "        c = self.gpu", ("tests/sim/test_simulator.py",)),
+    Plant("step-work-forks-uncounted", "a Prefill-to-CPU step's copies into siblings' host "
+          "blocks cost nothing on the host link", "dualpace/runtime/step_work.py",
+          "            link += n * (1 + len(s.forks))", "            link += n",
+          ("tests/sim/test_simulator.py",)),
+    Plant("step-log-never-beside", "the step log never marks a step as run beside the other "
+          "worker", "dualpace/engine/llm_engine.py",
+          "        return int(snap[0] or self._started[other] != snap[1] or self._busy[other] > 0)",
+          "        return 0", ("tests/sim/test_simulator.py",)),
+    Plant("usage-counts-every-sample", "usage counts a prompt once per sample",
+          "dualpace/server/app.py",
+          "        p = sum(s.num_prompt_tokens for s in streams if s.sample_index == 0)",
+          "        p = sum(s.num_prompt_tokens for s in streams)",
+          ("tests/server/test_parallel_sampling.py::"
+           "test_seeded_choices_equal_lone_requests_with_seed_plus_j",)),
+    Plant("fork-group-rows-uncounted", "a parallel-sampling group is admitted to HBM when "
+          "only its first request's row is free", "dualpace/engine/gpu_round.py",
+          "len(st.gpu_running) + b_new(plan) + len(group) <= st.limits.max_num_seqs",
+          "len(st.gpu_running) + b_new(plan) + 1 <= st.limits.max_num_seqs",
+          ("tests/engine/test_parallel_sampling.py",)),
     Plant("sim-disturbance-ignored", "Dense Assist's GPU time never reaches GPU-main",
           "dualpace/sim/workers.py", "            self.disturbance += c.gpu_disturbance",
           "            pass", ("tests/sim/test_simulator.py",)),

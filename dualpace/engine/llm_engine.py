@@ -33,8 +33,8 @@ from dualpace.engine.stall import CpuStallClock
 from dualpace.engine.state import Limits, SchedulerState
 from dualpace.kv.block_pool import BlockPool, blocks_for_tokens
 from dualpace.runtime import translator
+from dualpace.runtime.step_work import cpu_step_work, gpu_step_work
 from dualpace.sampling.params import SamplingParams
-from dualpace.sim.work import cpu_step_work, gpu_step_work
 from dualpace.tokenizer.detokenizer import IncrementalDetokenizer
 
 log = logging.getLogger("dualpace.engine")

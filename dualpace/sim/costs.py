@@ -16,13 +16,14 @@ Two sources:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from dualpace.runtime.routing import FULL_CPU, FUSED_ASSIST, NEO_PIPELINE, SPLIT_FINAL
+from dualpace.runtime.step_work import CpuStepWork, GpuStepWork
 from dualpace.sim.hardware import Hardware
 from dualpace.sim.shape import ModelShape
-from dualpace.sim.work import CpuStepWork, GpuStepWork
 
 MIN_SPLIT = 50  # steps each side needs before GPU steps are fitted alone / beside the CPU
 GPU_FEATURES = ("prefill_tokens", "decode_rows", "context", "prefill_context", "link_tokens",
@@ -37,15 +38,17 @@ class CpuStepCost:
     gpu_disturbance: float  # GPU-main time its Dense Assist calls take (Eq. 8)
 
 
-class CostModel:
-    """Interface: ``gpu_step(work, beside)`` and ``cpu_step(work)``; ``beside``: the CPU
-    worker runs a step meanwhile (where the two share cores, a GPU step is slower then)."""
+class CostModel(Protocol):
+    """What the simulated workers ask of a cost model (FittedCosts, RooflineCosts, or a
+    test's own)."""
 
     def gpu_step(self, w: GpuStepWork, beside: bool = False) -> float:
-        raise NotImplementedError
+        """Seconds of one GPU-main step; ``beside``: the CPU worker runs a step meanwhile
+        (where the two share cores, a GPU step is slower then)."""
 
     def cpu_step(self, w: CpuStepWork) -> CpuStepCost:
-        raise NotImplementedError
+        """One CPU-worker step: its seconds, its attention part and its Dense Assist
+        calls' GPU-main time."""
 
 
 # --- fitted from the real runtime's step log ---------------------------------------------------
@@ -125,7 +128,7 @@ def profile_costs(profile: dict, policy: str) -> FittedCosts:
     return FittedCosts(coefs)
 
 
-class FittedCosts(CostModel):
+class FittedCosts:
     def __init__(self, coefs: dict):
         if not coefs.get("gpu"):
             raise ValueError("step costs: no GPU steps were fitted")
@@ -155,7 +158,7 @@ class FittedCosts(CostModel):
 
 
 # --- from a hardware description ---------------------------------------------------------------
-class RooflineCosts(CostModel):
+class RooflineCosts:
     """Per-stage rooflines (seconds), each formula a method so tests can check it by hand:
 
     - GPU dense: max(weight bytes / (HBM BW x e_mem), 2 x params x tokens / (FLOP/s x

@@ -4,7 +4,6 @@ would resolve from the same options (profile mode), or what a hardware descripti
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +27,6 @@ class SimSetup:
     limits: Limits
     thresholds: tuple[int, int]
     num_layers: int
-
-    def with_host_blocks(self, n: int) -> SimSetup:
-        return dataclasses.replace(self, host_blocks=n)
 
 
 def setup_from_config(config) -> SimSetup:

@@ -18,8 +18,8 @@ import math
 
 from dualpace.runtime import protocol as P
 from dualpace.runtime.routing import NEO_PIPELINE, assist_calls
+from dualpace.runtime.step_work import cpu_route, cpu_step_work, gpu_step_work
 from dualpace.sim.costs import CostModel
-from dualpace.sim.work import cpu_route, cpu_step_work, gpu_step_work
 
 
 class SimGroup:

@@ -9,6 +9,8 @@ import heapq
 import itertools
 from collections.abc import Callable
 
+from dualpace.engine.llm_engine import LLMEngine
+from dualpace.engine.state import Limits
 from dualpace.runtime import protocol as P
 
 BLOCK = 4
@@ -186,3 +188,17 @@ class FakeWorkers:
         if not ok:
             self.violations.append(what)
             raise ProtocolViolation(what)
+
+
+def fake_engine(workers: FakeWorkers, *, gpu_blocks: int, host_blocks: int,
+                policy: str = "dualpace", max_num_seqs: int = 4, gpu_token_limit: int = 64,
+                cpu_batch_limit: int = 4, check: bool = True) -> LLMEngine:
+    """An LLMEngine over ``workers`` (block size 4, vocabulary 1000, no EOS, a 64-block
+    staging area); ``check``: the ownership invariants after every round."""
+    limits = Limits(max_num_seqs=max_num_seqs, gpu_token_limit=gpu_token_limit,
+                    cpu_batch_limit=cpu_batch_limit, max_model_len=1000, staging_blocks=64)
+    return LLMEngine(workers, gpu_blocks=gpu_blocks, host_blocks=host_blocks,
+                     block_size=workers.block_size, limits=limits, policy=policy,
+                     vocab_size=1000, eos_ids=(),
+                     on_round=(lambda e, k, p: e.state.check_invariants(
+                         list(e.requests.values()))) if check else None)

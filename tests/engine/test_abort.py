@@ -6,22 +6,23 @@ import asyncio
 
 import pytest
 
-from dualpace.engine.llm_engine import LLMEngine
 from dualpace.engine.request import Owner
-from dualpace.engine.state import Limits
 from dualpace.sampling.params import SamplingParams
 
-from .fake_workers import FakeWorkers
+from .fake_workers import FakeWorkers, fake_engine
 
 
 def _engine(gpu_blocks=12, host_blocks=64, delay=0.02):
     workers = FakeWorkers(delay=delay)
-    limits = Limits(max_num_seqs=4, gpu_token_limit=64, cpu_batch_limit=2, max_model_len=1000,
-                    staging_blocks=64)
-    eng = LLMEngine(workers, gpu_blocks=gpu_blocks, host_blocks=host_blocks, block_size=4,
-                    limits=limits, policy="dualpace", vocab_size=1000, eos_ids=(),
-                    on_round=lambda e, k, p: e.state.check_invariants(list(e.requests.values())))
-    return eng, workers
+    return fake_engine(workers, gpu_blocks=gpu_blocks, host_blocks=host_blocks,
+                       cpu_batch_limit=2), workers
+
+
+async def _assert_drained(eng, settle: float) -> None:
+    """After ``settle`` seconds no request is left and every KV block is free."""
+    await asyncio.sleep(settle)
+    assert eng.state.gpu_pool.num_used == 0 and eng.state.host_pool.num_used == 0
+    assert not eng.requests
 
 
 async def _drain(stream):
@@ -84,9 +85,7 @@ def test_abort_in_every_state(state):
                     eng.abort(b.rid)
             await asyncio.wait_for(asyncio.gather(*(_drain(b) for b in blockers if b is not s)),
                                    5)
-            await asyncio.sleep(0.1)
-            assert eng.state.gpu_pool.num_used == 0 and eng.state.host_pool.num_used == 0
-            assert not eng.requests
+            await _assert_drained(eng, 0.1)
         finally:
             await eng.stop()
 
@@ -101,10 +100,7 @@ def test_gated_abort_between_selection_and_dispatch_waits_for_the_step():
     batch was aborted)."""
     async def main():
         workers = FakeWorkers(delay=0.01)
-        limits = Limits(max_num_seqs=4, gpu_token_limit=64, cpu_batch_limit=4,
-                        max_model_len=1000, staging_blocks=64)
-        eng = LLMEngine(workers, gpu_blocks=12, host_blocks=64, block_size=4, limits=limits,
-                        policy="gated", vocab_size=1000, eos_ids=())
+        eng = fake_engine(workers, gpu_blocks=12, host_blocks=64, policy="gated", check=False)
         aborted: list[int] = []
         select = eng._gated_selection
 
@@ -153,9 +149,7 @@ def test_a_failed_step_carrying_a_swap_in_releases_both_ends():
                     assert end.finish_reason == "abort" and "injected" in end.error
                 else:
                     assert end.finish_reason == "length" and end.error is None
-            await asyncio.sleep(0.05)
-            assert eng.state.gpu_pool.num_used == 0 and eng.state.host_pool.num_used == 0
-            assert not eng.requests
+            await _assert_drained(eng, 0.05)
         finally:
             await eng.stop()
 

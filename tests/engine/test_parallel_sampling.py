@@ -10,22 +10,18 @@ import asyncio
 
 import pytest
 
-from dualpace.engine.llm_engine import LLMEngine, _int64
-from dualpace.engine.state import Limits
+from dualpace.engine.llm_engine import _int64
 from dualpace.runtime import protocol as P
 from dualpace.sampling.params import SamplingParams
 
-from .fake_workers import FakeWorkers, fake_token
+from .fake_workers import FakeWorkers, fake_engine, fake_token
 
 
 def _engine(gpu_blocks=40, host_blocks=80, token_limit=64, max_seqs=8, policy="dualpace",
             delay=0.002):
     workers = FakeWorkers(delay=delay)
-    limits = Limits(max_num_seqs=max_seqs, gpu_token_limit=token_limit, cpu_batch_limit=8,
-                    max_model_len=1000, staging_blocks=64)
-    eng = LLMEngine(workers, gpu_blocks=gpu_blocks, host_blocks=host_blocks, block_size=4,
-                    limits=limits, policy=policy, vocab_size=1000, eos_ids=(),
-                    on_round=lambda e, k, p: e.state.check_invariants(list(e.requests.values())))
+    eng = fake_engine(workers, gpu_blocks=gpu_blocks, host_blocks=host_blocks, policy=policy,
+                      max_num_seqs=max_seqs, gpu_token_limit=token_limit, cpu_batch_limit=8)
     batches: list = []
     for group in (workers.gpu, workers.cpu):
         step = group.step

@@ -15,13 +15,13 @@ import pytest
 
 from dualpace.engine.state import Limits
 from dualpace.runtime import protocol as P
+from dualpace.runtime.step_work import CpuStepWork, GpuStepWork, gpu_step_work
 from dualpace.sim.costs import FittedCosts, RooflineCosts, fit_step_costs, nnls
 from dualpace.sim.hardware import CpuSpec, GpuSpec, Hardware, load_hardware, shipped_setups
 from dualpace.sim.loop import SimulationStalled, run_virtual
 from dualpace.sim.run import InvariantViolation, simulate
 from dualpace.sim.setup import SimSetup, load_shape, setup_from_hardware
 from dualpace.sim.shape import ModelShape
-from dualpace.sim.work import CpuStepWork, GpuStepWork, gpu_step_work
 from dualpace.workload import Job
 
 # --- the virtual clock ------------------------------------------------------------------------
@@ -284,17 +284,13 @@ def test_cli_hardware_mode_json(tmp_path):
 def test_the_engine_logs_every_step_with_its_work():
     """``on_step`` (serve --step-log) sees every executed step: its kind, the round-to-apply
     seconds and the worker round trip, and the work the cost models read."""
-    from dualpace.engine.llm_engine import LLMEngine
     from dualpace.sampling.params import SamplingParams
 
-    from ..engine.fake_workers import FakeWorkers
+    from ..engine.fake_workers import FakeWorkers, fake_engine
 
     async def main():
         workers = FakeWorkers(delay=0.001)
-        limits = Limits(max_num_seqs=4, gpu_token_limit=64, cpu_batch_limit=4,
-                        max_model_len=1000, staging_blocks=64)
-        eng = LLMEngine(workers, gpu_blocks=8, host_blocks=200, block_size=4, limits=limits,
-                        policy="dualpace", vocab_size=1000, eos_ids=())
+        eng = fake_engine(workers, gpu_blocks=8, host_blocks=200)
         records = []
         eng.on_step = records.append
         eng.start()
@@ -315,6 +311,9 @@ def test_the_engine_logs_every_step_with_its_work():
     assert sum(r["decode_rows"] for r in gpu) + sum(r["batch"] for r in cpu) + 3 == 18
     assert all(r["seconds"] >= r["step_seconds"] > 0 for r in records)
     assert all(r["beside"] in (0, 1) for r in records)
+    assert any(r["beside"] for r in gpu) and any(r["beside"] for r in cpu)  # both loops ran
+    # the GPU step of the first round ran before any request could reach the CPU tier
+    assert gpu[0]["beside"] == 0
     assert {r["route"] for r in cpu} == {"full-cpu"}
 
 
