@@ -117,9 +117,10 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
     # the GPU runs whole forwards (§4.2).
     thresholds = (parse_thresholds(config.assist_thresholds) if config.assist_thresholds
                   else no_assist(limit))
-    # Staging for Prefill-to-CPU: one layer of a full batched-token budget, or of the
-    # longest prompt (one past the batched-token limit goes alone in its round), plus one
-    # block per row for the rounding of each prompt's last block.
+    # Staging for Prefill-to-CPU (gpu_worker.StagingKV holds two such buffers): one layer of
+    # a full batched-token budget, or of the longest prompt (one past the batched-token limit
+    # goes alone in its round), plus one block per row for the rounding of each prompt's last
+    # block.
     staging = (blocks_for_tokens(max(config.max_num_batched_tokens, max_len), bs)
                + config.max_num_seqs)
     gpu_cores, cpu_cores = split_cores(sorted(os.sched_getaffinity(0)), config.gpu_cores,

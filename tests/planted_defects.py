@@ -221,6 +221,18 @@ PLANTS = [
     Plant("sim-disturbance-ignored", "Dense Assist's GPU time never reaches GPU-main",
           "dualpace/sim/workers.py", "            self.disturbance += c.gpu_disturbance",
           "            pass", ("tests/sim/test_simulator.py",)),
+    Plant("staging-reused-before-copy", "a Prefill-to-CPU layer overwrites the staging buffer "
+          "an earlier layer's host copy still reads", "dualpace/runtime/gpu_worker.py",
+          "                self.copies.compute_waits(fences[i - StagingKV.BUFFERS])",
+          "                pass", ("tests/runtime/test_async_copies.py",)),
+    Plant("forward-before-swap-copies", "the forward runs without waiting for the step's "
+          "swap copies (it reuses swapped-out blocks)", "dualpace/runtime/gpu_worker.py",
+          "            self.copies.compute_waits(self.copies.fence())",
+          "            pass", ("tests/runtime/test_async_copies.py",)),
+    Plant("ready-before-copies-landed", "a step reports requests ready with host copies in "
+          "flight", "dualpace/runtime/gpu_worker.py",
+          "        self.copies.synchronize()\n        self.steps += 1",
+          "        self.steps += 1", ("tests/runtime/test_async_copies.py",)),
 ]
 
 

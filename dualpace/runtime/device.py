@@ -1,17 +1,13 @@
-"""The GPU-only pieces behind one small interface, with a portable fallback.
-
-CUDA: the host KV pool is page-locked with cudaHostRegister so block copies are real DMA,
-and copies run on a dedicated stream. Anywhere else (``--gpu-device cpu``): plain copies.
+"""The GPU-only pieces behind one small interface, with a portable fallback: device
+timing, on-device block copies, waiting for the device. Host<->GPU KV copies, their stream
+and their ordering live in ``runtime/copies.py``.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 
 import torch
-
-log = logging.getLogger("dualpace.runtime")
 
 
 class DeviceInterval:
@@ -45,43 +41,11 @@ class DeviceInterval:
 
 
 class DeviceOps:
+    """Device work that is not a host<->GPU copy (those are ``runtime/copies.py``)."""
+
     def __init__(self, device: torch.device):
         self.device = device
         self.cuda = device.type == "cuda"
-        self.copy_stream = torch.cuda.Stream(device) if self.cuda else None
-
-    def register_host(self, tensors: list[torch.Tensor]) -> None:
-        """Page-lock host tensors for DMA (CUDA only; no-op elsewhere)."""
-        if not self.cuda:
-            return
-        cudart = torch.cuda.cudart()
-        for t in tensors:
-            rc = cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
-            if rc != 0:
-                log.warning("cudaHostRegister failed (%s); host copies will be pageable", rc)
-                return
-
-    def copy_blocks(self, src: torch.Tensor, dst: torch.Tensor, src_ids: list[int],
-                    dst_ids: list[int]) -> None:
-        """dst[dst_ids] = src[src_ids] for whole blocks of one layer (any devices/dtypes;
-        head-range views of a pool are fine)."""
-        if not src_ids:
-            return
-        s_idx = torch.tensor(src_ids, dtype=torch.long, device=src.device)
-        d_idx = torch.tensor(dst_ids, dtype=torch.long, device=dst.device)
-        if (src.device.type == "cpu" and dst.device.type == "cpu" and src.dtype == dst.dtype
-                and src.is_contiguous() and dst.is_contiguous()):
-            from dualpace.kernels import cpu
-
-            if cpu.available():
-                cpu.copy_blocks(src, dst, s_idx, d_idx)
-                return
-        if self.copy_stream is not None:
-            with torch.cuda.stream(self.copy_stream):
-                moved = src.index_select(0, s_idx).to(dst.device, dst.dtype, non_blocking=True)
-                dst.index_copy_(0, d_idx, moved)
-        else:
-            dst.index_copy_(0, d_idx, src.index_select(0, s_idx).to(dst.device, dst.dtype))
 
     def copy_within(self, pool: torch.Tensor, src_ids: list[int], dst_ids: list[int]) -> None:
         """pool[dst_ids] = pool[src_ids] for whole blocks of one layer of one pool (disjoint
@@ -98,11 +62,6 @@ class DeviceOps:
                 cpu.copy_blocks(pool, pool, s_idx, d_idx)
                 return
         pool.index_copy_(0, d_idx, pool.index_select(0, s_idx))
-
-    def synchronize(self) -> None:
-        """Wait for every copy issued so far (a transfer is ready only after this)."""
-        if self.copy_stream is not None:
-            self.copy_stream.synchronize()
 
     def wait_compute(self) -> None:
         """Wait for all work issued on the device (profiling: time kernels, not launches)."""

@@ -1,12 +1,16 @@
 """The GPU worker: GPU-main batches as FIFO stage tasks, Dense Assist at stage boundaries,
 and KV migrations (paper §4.1, §4.2, §5; DESIGN.md §Processes).
 
-A step runs its migrations first (swap-out GPU->host, swap-in host->GPU), then the forward:
-pre-layer, each layer, post-layer. Between two stage tasks the worker serves a ready Dense
-Assist before taking the next task (non-preemptive stage-boundary priority); when no assist
-route is reachable it skips those checks (whole-forward mode). Prefill-to-CPU rows run as a
-second sub-batch whose K/V go to a one-layer staging area and are copied layer by layer into
-the request's reserved host blocks; the request is reported ready only after the last layer.
+A step enqueues its migrations first (swap-out GPU->host, swap-in host->GPU) on the copy
+engine (runtime/copies.py), makes the compute wait for them (the forward may reuse swapped-out
+blocks and reads swapped-in ones), then runs the forward: pre-layer, each layer, post-layer.
+Between two stage tasks the worker serves a ready Dense Assist before taking the next task
+(non-preemptive stage-boundary priority); when no assist route is reachable it skips those
+checks (whole-forward mode). Prefill-to-CPU rows run as a second sub-batch whose K/V go to a
+double-buffered staging area, copied layer by layer into the request's reserved host blocks
+(§4.1's layer-wise transfer): layer i's copy overlaps layer i+1's compute, and layer i+2
+waits for it before reusing its buffer. Nothing is reported ready before every copy of the
+step has landed.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dualpace.kv.cache import KVCache
 from dualpace.model.batch import SeqChunk, build_forward_batch
 from dualpace.model.stages import StagedModel
 from dualpace.runtime.assist import AssistChannel, needs_group
+from dualpace.runtime.copies import copy_engine, register_host
 from dualpace.runtime.device import DeviceOps
 from dualpace.runtime.layouts import OP_ECHO, OP_NEO_MID, OP_NEO_PRE, OP_POST_ATTN
 from dualpace.runtime.protocol import (
@@ -38,15 +43,18 @@ from dualpace.sampling.sampler import sample_with_logprobs
 
 
 class StagingKV:
-    """One layer's worth of KV blocks, presented to the stages as every layer's cache."""
+    """Two layers' worth of KV blocks, presented to the stages as every layer's cache: layer
+    i writes buffer i % 2, so layer i's copy to the host can run while layer i+1 computes."""
+
+    BUFFERS = 2
 
     def __init__(self, num_layers: int, num_blocks: int, num_kv_heads: int, block_size: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device):
         shape = (num_blocks, num_kv_heads, block_size, head_dim)
-        k = torch.zeros(shape, dtype=dtype, device=device)
-        v = torch.zeros(shape, dtype=dtype, device=device)
-        self.k = [k] * num_layers
-        self.v = [v] * num_layers
+        ks = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.BUFFERS)]
+        vs = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.BUFFERS)]
+        self.k = [ks[i % self.BUFFERS] for i in range(num_layers)]
+        self.v = [vs[i % self.BUFFERS] for i in range(num_layers)]
         self.num_blocks = num_blocks
         self.block_size = block_size
 
@@ -56,12 +64,14 @@ class GpuWorker:
                  host_regions: list[tuple[list[torch.Tensor], list[torch.Tensor]]],
                  head_map: list[tuple[int, int, int, int, int]],
                  channels: list[AssistChannel], assist_reachable: bool,
-                 tp_rank: int = 0, tp_size: int = 1, decisions: DecisionLog | None = None):
+                 tp_rank: int = 0, tp_size: int = 1, decisions: DecisionLog | None = None,
+                 copies=None):
         """``host_regions``: per CPU TP rank, the per-layer (K, V) views of its host-pool
         region; ``head_map``: where this rank's KV heads live in them (layouts.head_ranges).
         ``channels``: the assist channels (Dense Assist uses the first; the gated pipeline's
         two CPU sub-batches one each); ``assist_reachable``: serve them at stage
-        boundaries (else only while idle: the whole-forward path of §4.2)."""
+        boundaries (else only while idle: the whole-forward path of §4.2). ``copies``: the
+        host<->GPU copy engine (default: the device's; tests pass the deferred stand-in)."""
         self.model = model
         self.kv = kv
         self.staging = staging
@@ -78,8 +88,10 @@ class GpuWorker:
         self.kv_cols = slice(tp_rank * kvs, (tp_rank + 1) * kvs)
         self.boundary_served = 0  # assists served between two main stage tasks
         self.ops = DeviceOps(model.device)
-        for k, v in host_regions:
-            self.ops.register_host(k + v)
+        self.copies = copies if copies is not None else copy_engine(model.device)
+        if self.ops.cuda:
+            for k, v in host_regions:
+                register_host(k + v)
         self.requests = RequestTable()
         self.block_size = kv.block_size
         self.steps = 0
@@ -235,9 +247,9 @@ class GpuWorker:
             pairs = ((kv.k[i][:, g0:g1], hk[i][:, h0:h1]), (kv.v[i][:, g0:g1], hv[i][:, h0:h1]))
             for dev, host in pairs:
                 if to_host:
-                    self.ops.copy_blocks(dev, host, src_ids, dst_ids)
+                    self.copies.to_host(dev, host, src_ids, dst_ids)
                 else:
-                    self.ops.copy_blocks(host, dev, src_ids, dst_ids)
+                    self.copies.to_device(host, dev, src_ids, dst_ids)
 
     def _migrate(self, m: Migration, to_host: bool) -> None:
         nb = -(-m.num_tokens // self.block_size)
@@ -261,7 +273,10 @@ class GpuWorker:
             self._migrate(m, to_host=False)
             self.requests.set_blocks(m.req_id, m.dst_blocks)
             ready.append(m.req_id)
-        self.ops.synchronize()
+        if msg.swap_out or msg.swap_in:
+            # The forward may write into blocks just swapped out (the engine reuses them in
+            # this step) and reads the blocks just swapped in.
+            self.copies.compute_waits(self.copies.fence())
         self.requests.apply_outputs(msg.seqs)
         main = [s for s in msg.seqs if not s.host_blocks]
         to_cpu = [s for s in msg.seqs if s.host_blocks]
@@ -276,6 +291,8 @@ class GpuWorker:
                                         plps))
             ready.extend(s.req_id for s in to_cpu)
             ready.extend(f.req_id for s in to_cpu for f in s.forks)
+        # Ready means the CPU tier may read the host blocks: every copy must have landed.
+        self.copies.synchronize()
         self.steps += 1
         out = [tokens.get(id(s), (-1, None)) for s in msg.seqs]
         return StepDone(step_id=msg.step_id, tokens=[t for t, _ in out],
@@ -332,15 +349,18 @@ class GpuWorker:
                 self.block_size, m.device)
         hidden = m.pre_layer(fb.input_ids)
         self.boundary()
+        fences = []  # staging only: fences[i] covers layer i's copies out of its buffer
         for i in range(m.cfg.num_layers):
+            if staging_tables is not None and i >= StagingKV.BUFFERS:
+                # Layer i overwrites the buffer layer i-2 filled: its copies must be done.
+                self.copies.compute_waits(fences[i - StagingKV.BUFFERS])
             hidden = m.layer(i, hidden, fb, kv)
             if staging_tables is not None:  # this layer's K/V -> the reserved host blocks
                 for s, t in zip(seqs, staging_tables):  # (and n > 1 siblings' blocks)
                     for dst in [s.host_blocks, *(f.blocks for f in s.forks)]:
                         self._copy_layer(i, t, dst[:len(t)], to_host=True, kv=kv)
+                fences.append(self.copies.fence())
             self.boundary()
-        if staging_tables is not None:
-            self.ops.synchronize()
         want = [j for j, s in enumerate(seqs) if s.next_token > -2]
         last = fb.logits_indices.tolist() if want else []  # a device sync: only when asked
         for j in want:

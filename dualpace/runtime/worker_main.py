@@ -27,6 +27,7 @@ from dualpace.model.stages import StagedModel
 from dualpace.model.weights import Shard, load_weights
 from dualpace.runtime import protocol as P
 from dualpace.runtime.assist import AssistChannel, pid_alive
+from dualpace.runtime.copies import DEFERRED_ENV, copy_engine
 from dualpace.runtime.cpu_worker import CpuWorker, HostKV
 from dualpace.runtime.gpu_worker import GpuWorker, StagingKV
 from dualpace.runtime.layouts import (
@@ -121,9 +122,11 @@ class WorkerProcess:
             # Stage boundaries serve assists when a route can call one (§4.2), and always
             # under a forced route (the gated baseline's dense stages run between them):
             # the policy decides, as it does for the engine.
+            # DUALPACE_DEFERRED_COPIES=1 (tests, CPU only): copies land only when waited on.
+            copies = copy_engine(device, deferred=os.environ.get(DEFERRED_ENV) == "1")
             return GpuWorker(model, kv, staging, regions, heads, channels,
                              cfg.serves_boundaries(),
-                             spec.rank, spec.tp_size, decisions)
+                             spec.rank, spec.tp_size, decisions, copies)
         dtype = DTYPES[host.dtype]
         model = StagedModel(local, load_weights(cfg.model, full, dtype, "cpu", shard), max_len,
                             all_reduce=self._all_reduce(torch.device("cpu")))

@@ -12,6 +12,7 @@ import torch
 
 from dualpace.config import EngineConfig
 from dualpace.model.config import load_model_config
+from dualpace.runtime.copies import DEFERRED_ENV
 from dualpace.runtime.routing import FULL_CPU, FUSED_ASSIST, NEO_PIPELINE, SPLIT_FINAL
 from dualpace.runtime.supervisor import Runtime
 
@@ -192,13 +193,19 @@ def _hf_kv(hf, tokens: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(layer.keys[0], layer.values[0]) for layer in cache.layers]
 
 
-@pytest.mark.parametrize("tp", [pytest.param((1, 1), id="tp1"),
-                                pytest.param((2, 2), id="gpu_tp2-cpu_tp2")])
+@pytest.mark.parametrize("tp,copies", [pytest.param((1, 1), "eager", id="tp1"),
+                                       pytest.param((2, 2), "eager", id="gpu_tp2-cpu_tp2"),
+                                       pytest.param((1, 1), "deferred", id="tp1-deferred"),
+                                       pytest.param((2, 2), "deferred",
+                                                    id="gpu_tp2-cpu_tp2-deferred")])
 def test_host_kv_after_prefill_to_cpu_and_a_swap_round_trip_equals_transformers(
-        llama_checkpoint, tp):
+        llama_checkpoint, tp, copies, monkeypatch):
     """The KV itself, not only the tokens it leads to: after Prefill-to-CPU (layer-wise
     staging copies) and after a CPU decode, swap-in, GPU decode and swap-out, the host pool
-    holds exactly transformers' post-RoPE keys and values for every token so far."""
+    holds exactly transformers' post-RoPE keys and values for every token so far. "deferred":
+    the GPU workers run on the copy-stream stand-in (copies land only when waited on)."""
+    if copies == "deferred":
+        monkeypatch.setenv(DEFERRED_ENV, "1")
     path, hf = llama_checkpoint
     prompts = _prompts(41)
 
