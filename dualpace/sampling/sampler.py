@@ -1,8 +1,11 @@
 """Batched sampling with per-row parameters (post-layer "Sampling", paper Fig. 2).
 
-Random rows draw their noise from a generator seeded by (request seed, output index), so a
-token depends only on its request's seed and its logits: the same seed gives the same tokens
-whatever else shares the batch and whichever engine (GPU or CPU tier) ran the step.
+Random rows draw their noise from a counter-based generator keyed by (request seed, output
+index): SplitMix64 evaluated at the vocabulary index, in integer tensor ops that give the same
+bits on the CPU and on CUDA. A token therefore depends only on its request's seed and its
+logits: the same seed gives the same noise whatever else shares the batch and whichever tier
+(GPU or CPU) ran the step. (torch's generators differ per device: a CUDA Generator with the
+same seed draws other numbers than the CPU one.)
 """
 
 from __future__ import annotations
@@ -27,6 +30,41 @@ def _splitmix64(x: int) -> int:
 def step_seed(seed: int, step: int) -> int:
     """Independent-looking 63-bit seed for output token ``step`` of a request."""
     return _splitmix64(seed ^ _splitmix64(step)) & ((1 << 63) - 1)
+
+
+def _i64(x: int) -> int:
+    """A 64-bit pattern as the int64 that holds it."""
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+_GAMMA, _M1, _M2 = (_i64(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9,
+                                      0x94D049BB133111EB))
+_NOISE_CHUNK = 1 << 22  # elements per pass: bounds the int64 temporaries on a large vocab
+
+
+def _lsr(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (torch's >> is arithmetic)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def exponential_noise(keys: list[int], vocab: int, device) -> torch.Tensor:
+    """[len(keys), vocab] float64 Exp(1) draws: element (r, v) is -log(u) with u the top 53
+    bits of SplitMix64's (v+1)-th output from state ``keys[r]`` (mix(key + (v+1)·γ)), plus
+    half an ulp so u is in (0, 1). Integer ops wrap mod 2^64 on every device, so the bits are
+    the same on CPU and CUDA."""
+    out = torch.empty((len(keys), vocab), dtype=torch.float64, device=device)
+    rows = max(1, _NOISE_CHUNK // max(vocab, 1))
+    counter = (torch.arange(vocab, dtype=torch.int64, device=device) + 1) * _GAMMA
+    for r0 in range(0, len(keys), rows):
+        k = torch.tensor([_i64(x) for x in keys[r0:r0 + rows]], dtype=torch.int64,
+                         device=device)
+        z = k[:, None] + counter[None, :]
+        z = (z ^ _lsr(z, 30)) * _M1
+        z = (z ^ _lsr(z, 27)) * _M2
+        z = z ^ _lsr(z, 31)
+        u = (_lsr(z, 11).to(torch.float64) + 0.5) * 2.0 ** -53
+        out[r0:r0 + rows] = -torch.log(u)
+    return out
 
 
 @dataclass(frozen=True)
@@ -73,12 +111,9 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
             sub = _filter_top_k_top_p(sub, top_k, top_p)
         probs = sub.softmax(dim=-1)
         # Exponential race: argmax(p / E) with E ~ Exp(1) samples from p.
-        noise = torch.empty_like(probs)
-        gen = torch.Generator(device=logits.device)
-        for j, i in enumerate(rand):
-            gen.manual_seed(step_seed(rows[i].seed, rows[i].step))
-            noise[j].exponential_(generator=gen)
-        out[idx] = (probs / noise).argmax(dim=-1)
+        noise = exponential_noise([step_seed(rows[i].seed, rows[i].step) for i in rand],
+                                  probs.shape[-1], probs.device)
+        out[idx] = (probs.double() / noise).argmax(dim=-1)
     return out.tolist()
 
 

@@ -9,7 +9,13 @@ import torch
 
 from dualpace.sampling.logprobs import token_logprobs
 from dualpace.sampling.params import SamplingParams
-from dualpace.sampling.sampler import SamplingRow, sample, sample_with_logprobs
+from dualpace.sampling.sampler import (
+    SamplingRow,
+    exponential_noise,
+    sample,
+    sample_with_logprobs,
+    step_seed,
+)
 
 
 def row(temperature=1.0, top_p=1.0, top_k=-1, seed=0, step=0):
@@ -98,3 +104,38 @@ def test_token_logprobs_hand_computed():
     rows = [SamplingRow(0.5, 0.3, 1, 0, 0, 2)]
     toks, lps = sample_with_logprobs(logits[:1], rows)
     assert toks == [3] and lps[0].logprob == pytest.approx(math.log(0.4))
+
+
+def _splitmix_ref(state: int, i: int) -> int:
+    """SplitMix64's i-th output (1-based) from ``state``, in Python integers."""
+    m = (1 << 64) - 1
+    z = (state + i * 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return z ^ (z >> 31)
+
+
+def test_noise_is_splitmix64_bit_for_bit():
+    """The tensor generator equals SplitMix64 computed in Python integers (the device-free
+    definition the CUDA test compares against), for keys that make the int64 ops wrap."""
+    keys = [0, 1, (1 << 63) - 1, 0x0123456789ABCDEF, step_seed(7, 3)]
+    vocab = 1000
+    noise = exponential_noise(keys, vocab, "cpu")
+    assert noise.dtype == torch.float64 and noise.shape == (len(keys), vocab)
+    for r, key in enumerate(keys):
+        for v in (0, 1, 2, 499, 999):
+            u = ((_splitmix_ref(key, v + 1) >> 11) + 0.5) * 2.0 ** -53
+            assert noise[r, v].item() == -math.log(u), (key, v)
+    assert (noise > 0).all()
+    # Exp(1): mean 1, and P(E > 1) = e^-1, over the 5000 draws.
+    assert abs(noise.mean().item() - 1.0) < 0.06
+    assert abs((noise > 1).double().mean().item() - math.exp(-1)) < 0.03
+
+
+def test_noise_chunks_agree_with_one_pass(monkeypatch):
+    from dualpace.sampling import sampler
+
+    keys = list(range(40))
+    whole = sampler.exponential_noise(keys, 300, "cpu")
+    monkeypatch.setattr(sampler, "_NOISE_CHUNK", 1000)  # three rows a pass
+    assert torch.equal(sampler.exponential_noise(keys, 300, "cpu"), whole)
