@@ -38,7 +38,10 @@ FLAG_HELP = {
     "gpu_device": "auto | cpu | cuda[:N]: where the GPU worker runs",
     "dtype": "GPU-worker compute dtype: auto | float32 | bfloat16 | float16",
     "block_size": "KV block size in tokens",
-    "gpu_kv_blocks": "KV blocks in the GPU-side pool (0: sized automatically)",
+    "gpu_kv_blocks": "KV blocks in the GPU-side pool (0: sized automatically: on CUDA from "
+                     "--gpu-memory-utilization after a profiling forward, else 512 MiB)",
+    "gpu_memory_utilization": "fraction of the GPU's memory this instance may use (weights, "
+                              "activations and KV; CUDA only)",
     "max_model_len": "longest prompt + output (0: the checkpoint's limit)",
     "max_num_seqs": "most requests in a GPU batch / owned by the CPU tier",
     "policy": "dualpace | gated (NEO-style baseline) | gpu-only (vLLM-style baseline)",
@@ -65,7 +68,8 @@ class EngineConfig:
     gpu_device: str = "auto"  # "auto": cuda when available, else cpu
     dtype: str = "auto"  # "auto": bfloat16 on CUDA, float32 on CPU
     block_size: int = 16
-    gpu_kv_blocks: int = 0  # 0: sized from --max-num-seqs x --max-model-len
+    gpu_kv_blocks: int = 0  # 0: CUDA: from gpu_memory_utilization; else up to 512 MiB
+    gpu_memory_utilization: float = 0.90  # vLLM's default
     max_model_len: int = 0  # 0: the checkpoint's max_position_embeddings
     max_num_seqs: int = 64  # rows of a GPU batch (not a bound on the CPU tier)
     # --- the dual-engine runtime ----------------------------------------------------------
@@ -95,6 +99,9 @@ class EngineConfig:
         for name in ("gpu_kv_blocks", "max_model_len"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization: must be in (0, 1], got "
+                             f"{self.gpu_memory_utilization}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs: must be >= 1, got {self.max_num_seqs}")
         if self.policy not in ("dualpace", "gated", "gpu-only"):

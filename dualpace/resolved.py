@@ -10,7 +10,10 @@ consume this one immutable object; the workers get it typed inside their ``Worke
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
+import subprocess
 
 import msgspec
 
@@ -20,7 +23,10 @@ from dualpace.kv.block_pool import blocks_for_tokens
 from dualpace.runtime.layouts import DTYPES, AssistLayout, HostKVLayout
 from dualpace.runtime.routing import no_assist
 
-# Default GPU-side pool when --gpu-kv-blocks is not given.
+log = logging.getLogger("dualpace")
+
+# Default GPU-side pool of a CPU "GPU" when --gpu-kv-blocks is not given (a CUDA worker sizes
+# its pool from --gpu-memory-utilization: runtime/gpu_memory.py).
 DEFAULT_GPU_KV_BYTES = 512 << 20
 
 
@@ -32,7 +38,8 @@ class ResolvedConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cpu_dtype: str
     cpu_isa: str  # the CPU kernels' path: scalar | avx2 | avx512; "" without the extension
     block_size: int
-    gpu_kv_blocks: int
+    gpu_kv_blocks: int  # 0 until a CUDA GPU worker sized its pool (the Runtime fills it in)
+    gpu_memory_utilization: float
     max_model_len: int
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -64,11 +71,20 @@ class ResolvedConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def _gpu_device(name: str) -> str:
+    """``auto``: CUDA when torch can use it. An NVIDIA GPU that torch cannot use (a CPU build,
+    a CUDA build newer than the driver) is said loudly: the "GPU" worker then runs on CPU."""
     if name != "auto":
         return name
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    if shutil.which("nvidia-smi") and subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True).returncode == 0:
+        log.warning("an NVIDIA GPU is present but torch %s cannot use it (torch.version.cuda "
+                    "= %s): the GPU worker runs on CPU; see README, Install on a GPU box",
+                    torch.__version__, torch.version.cuda)
+    return "cpu"
 
 
 def _cpu_dtype_and_isa(requested: str) -> tuple[str, str]:
@@ -100,7 +116,7 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
     bs = config.block_size
     kv_row = 2 * mc.num_layers * mc.num_kv_heads * bs * mc.head_dim
     gpu_blocks = config.gpu_kv_blocks
-    if not gpu_blocks:
+    if not gpu_blocks and not device.startswith("cuda"):
         wanted = config.max_num_seqs * blocks_for_tokens(max_len, bs)
         per_block = kv_row * DTYPES[gpu_dtype].itemsize
         gpu_blocks = max(1, min(wanted, DEFAULT_GPU_KV_BYTES // per_block))
@@ -128,6 +144,7 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
     return ResolvedConfig(
         model=config.model, policy=config.policy, gpu_device=device, gpu_dtype=gpu_dtype,
         cpu_dtype=cpu_dtype, cpu_isa=isa, block_size=bs, gpu_kv_blocks=gpu_blocks,
+        gpu_memory_utilization=config.gpu_memory_utilization,
         max_model_len=max_len, max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens, cpu_batch_limit=limit,
         thresholds=thresholds, staging_blocks=staging, gpu_tp=config.gpu_tp,

@@ -29,14 +29,20 @@ class ServingEngine:
     def __init__(self, config: EngineConfig, step_log: str | None = None):
         """``step_log``: a file that gets one JSON line per executed step (its work and
         seconds; what ``dualpace simulate`` fits its cost models to)."""
-        self.config = resolve(config)  # once: the runtime and the workers get this object
         self.model_config = load_model_config(config.model)
         self.tokenizer = Tokenizer(config.model)
-        self.runtime = Runtime(self.config)
+        # Resolved once: the runtime and the workers get this object.
+        self.runtime = Runtime(resolve(config))
         self.engine: LLMEngine | None = None
         self._watch: asyncio.Task | None = None
         self.step_log = step_log
         self._step_file = None
+
+    @property
+    def config(self):
+        """The resolved configuration; after ``start`` it also holds the GPU KV pool size a
+        CUDA worker measured."""
+        return self.runtime.config
 
     @property
     def max_model_len(self) -> int:

@@ -163,6 +163,7 @@ class Hello(_Msg, tag=20):
     kind: str  # "gpu" | "cpu"
     rank: int
     pid: int
+    kv_blocks: int = 0  # a GPU worker: the blocks of its KV pool (sized by it on CUDA)
 
 
 class Ping(_Msg, tag=21):

@@ -91,6 +91,7 @@ class Runtime:
         self._ctx: zmq.asyncio.Context | None = None
         self._router: zmq.asyncio.Socket | None = None
         self._identities: dict[tuple[str, int], bytes] = {}
+        self._kv_blocks: dict[int, int] = {}  # GPU rank -> the KV blocks its Hello reported
         self._replies: dict[tuple[str, int], asyncio.Queue] = {}
         self._stopping = False
         self._restart_task: asyncio.Task | None = None
@@ -161,6 +162,7 @@ class Runtime:
         self.gpu, self.cpu = WorkerGroup(clients["gpu"]), WorkerGroup(clients["cpu"])
         self._reader_task = asyncio.create_task(self._read_control())
         await self._await_hellos()
+        self._settle_gpu_kv_blocks()
         self.gpu.attach(loop)
         self.cpu.attach(loop)
         for child in self._children:
@@ -194,12 +196,30 @@ class Runtime:
                                    f"{self.config.startup_timeout}s")
             await asyncio.sleep(0.02)
 
+    def _settle_gpu_kv_blocks(self) -> None:
+        """A CUDA GPU worker sizes its own pool (runtime/gpu_memory.py); the group's smallest
+        becomes the configuration from here on (the engine's pool, and a restart's workers,
+        which then do not size it again)."""
+        reported = [self._kv_blocks.get(r, 0) for r in range(self.config.gpu_tp)]
+        if self.config.gpu_kv_blocks:
+            if any(n != self.config.gpu_kv_blocks for n in reported):
+                raise RuntimeError(f"GPU workers report {reported} KV blocks, the "
+                                   f"configuration says {self.config.gpu_kv_blocks}")
+            return
+        if min(reported) < 1:
+            raise RuntimeError(f"GPU workers reported no KV pool size ({reported})")
+        self.config = msgspec.structs.replace(self.config, gpu_kv_blocks=min(reported))
+        log.warning("GPU KV pool: %d blocks of %d tokens", min(reported),
+                    self.config.block_size)
+
     async def _read_control(self) -> None:
         while True:
             ident, raw = await self._router.recv_multipart()
             msg = P.control_decoder.decode(raw)
             if isinstance(msg, P.Hello):
                 self._identities[(msg.kind, msg.rank)] = ident
+                if msg.kind == "gpu":
+                    self._kv_blocks[msg.rank] = msg.kv_blocks
             elif isinstance(msg, (P.Pong, P.Stats, P.AssistSamples)):
                 q = self._replies.setdefault((msg.kind, msg.rank), asyncio.Queue())
                 q.put_nowait(msg)

@@ -29,6 +29,7 @@ from dualpace.runtime import protocol as P
 from dualpace.runtime.assist import AssistChannel, pid_alive
 from dualpace.runtime.copies import DEFERRED_ENV, copy_engine
 from dualpace.runtime.cpu_worker import CpuWorker, HostKV
+from dualpace.runtime.gpu_memory import size_gpu_kv
 from dualpace.runtime.gpu_worker import GpuWorker, StagingKV
 from dualpace.runtime.layouts import (
     DTYPES,
@@ -56,6 +57,7 @@ class WorkerProcess:
         if self.config.cpu_isa:
             cpu_kernels.set_default_isa(self.config.cpu_isa)
         self.stop = False
+        self.kv_blocks = 0
         seg = {role: Segment.attach(name) for role, name in spec.shm.items()}
         self.segments = seg
         wake_layout = WakeLayout(num_workers=spec.num_workers)
@@ -113,10 +115,18 @@ class WorkerProcess:
             dtype = DTYPES[cfg.gpu_dtype]
             model = StagedModel(local, load_weights(cfg.model, full, dtype, device, shard),
                                 max_len, all_reduce=self._all_reduce(device))
-            kv = KVCache(local.num_layers, cfg.gpu_kv_blocks, local.num_kv_heads,
-                         cfg.block_size, local.head_dim, dtype, device)
             staging = StagingKV(local.num_layers, cfg.staging_blocks, local.num_kv_heads,
                                 cfg.block_size, local.head_dim, dtype, device)
+            blocks = cfg.gpu_kv_blocks
+            if not blocks:  # CUDA: what the weights and a profiling forward leave
+                block_bytes = (2 * local.num_layers * local.num_kv_heads * cfg.block_size
+                               * local.head_dim * dtype.itemsize)
+                blocks = size_gpu_kv(model, staging, cfg.max_num_batched_tokens,
+                                     cfg.max_num_seqs, max_len, cfg.gpu_memory_utilization,
+                                     block_bytes)
+            self.kv_blocks = blocks
+            kv = KVCache(local.num_layers, blocks, local.num_kv_heads,
+                         cfg.block_size, local.head_dim, dtype, device)
             heads = head_ranges(full.num_kv_heads, spec.tp_size, spec.num_host_regions,
                                 spec.rank)
             # Stage boundaries serve assists when a route can call one (§4.2), and always
@@ -217,7 +227,8 @@ def main() -> int:
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(spec.control)
     proc = WorkerProcess(spec)
-    sock.send(P.encode(P.Hello(kind=spec.kind, rank=spec.rank, pid=os.getpid())))
+    sock.send(P.encode(P.Hello(kind=spec.kind, rank=spec.rank, pid=os.getpid(),
+                               kv_blocks=proc.kv_blocks)))
     thread = threading.Thread(target=proc.control_thread, args=(sock,), daemon=True)
     thread.start()
     proc.loop()
