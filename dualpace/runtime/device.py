@@ -63,6 +63,12 @@ class DeviceOps:
                 return
         pool.index_copy_(0, d_idx, pool.index_select(0, s_idx))
 
+    def record_event(self):
+        """A CUDA event recorded now on the current (compute) stream."""
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
     def wait_compute(self) -> None:
         """Wait for all work issued on the device (profiling: time kernels, not launches)."""
         if self.cuda:

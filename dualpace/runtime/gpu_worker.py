@@ -24,7 +24,7 @@ from dualpace.kv.cache import KVCache
 from dualpace.model.batch import SeqChunk, build_forward_batch
 from dualpace.model.stages import StagedModel
 from dualpace.runtime.assist import AssistChannel, needs_group
-from dualpace.runtime.copies import copy_engine, register_host
+from dualpace.runtime.copies import copy_engine
 from dualpace.runtime.device import DeviceOps
 from dualpace.runtime.layouts import OP_ECHO, OP_NEO_MID, OP_NEO_PRE, OP_POST_ATTN
 from dualpace.runtime.protocol import (
@@ -36,6 +36,7 @@ from dualpace.runtime.protocol import (
     StepDone,
     wire_logprobs,
 )
+from dualpace.runtime.stage_gate import StageGate
 from dualpace.runtime.tp_control import BOUNDARY, IDLE, DecisionLog
 from dualpace.runtime.worker_state import RequestTable
 from dualpace.sampling.logprobs import prompt_logprobs
@@ -89,9 +90,8 @@ class GpuWorker:
         self.boundary_served = 0  # assists served between two main stage tasks
         self.ops = DeviceOps(model.device)
         self.copies = copies if copies is not None else copy_engine(model.device)
-        if self.ops.cuda:
-            for k, v in host_regions:
-                register_host(k + v)
+        self.gate = StageGate(self.ops.record_event if self.ops.cuda else None,
+                              self._serve_ready if tp_rank == 0 else None)
         self.requests = RequestTable()
         self.block_size = kv.block_size
         self.steps = 0
@@ -103,18 +103,16 @@ class GpuWorker:
 
     # --- Dense Assist ---------------------------------------------------------------------
     def boundary(self) -> None:
-        """A stage boundary: serve every ready assist before the next main task. Rank 0
-        decides and publishes, per call the group must join, the channel (index + 1), then
-        0 to end the boundary; the other ranks follow that sequence."""
+        """A stage boundary: serve every ready assist before the next main task. On CUDA the
+        boundary is a completion point (stage_gate.py): at most two main stages stay queued
+        on the device, and assists that become ready meanwhile are served. Rank 0 decides
+        and publishes, per call the group must join, the channel (index + 1), then 0 to end
+        the boundary; the other ranks follow that sequence."""
         if not self.assist_reachable:
             return
+        self.gate.stage_enqueued()
         if self.tp_rank == 0:
-            for idx, ch in enumerate(self.channels):
-                if ch.ready() and ch.claim():
-                    if self.decisions is not None and needs_group(ch.op.load()):
-                        self.decisions.publish(BOUNDARY, idx + 1)
-                    self.boundary_served += 1
-                    self._serve_claimed(ch)
+            self._serve_ready()
             if self.decisions is not None:
                 self.decisions.publish(BOUNDARY, 0)
             return
@@ -123,6 +121,18 @@ class GpuWorker:
             if kind == BOUNDARY and c == 0:
                 return
             self._run_assist(False, self.channels[c - 1])
+
+    def _serve_ready(self) -> bool:
+        """Rank 0 at a boundary: serve the assists ready now, publishing each group call."""
+        served = False
+        for idx, ch in enumerate(self.channels):
+            if ch.ready() and ch.claim():
+                if self.decisions is not None and needs_group(ch.op.load()):
+                    self.decisions.publish(BOUNDARY, idx + 1)
+                self.boundary_served += 1
+                self._serve_claimed(ch)
+                served = True
+        return served
 
     def serve_assists(self) -> bool:
         """While idle: serve waiting assists (any configuration: the profiler and benchmarks
@@ -210,15 +220,17 @@ class GpuWorker:
                 ch.buf["hidden_out"][:rows].copy_(ch.buf["hidden_in"][:rows])
             return
         if op == OP_NEO_PRE:
-            h = m.pre_layer(ch.buf["ids_in"][:rows].to(m.device))
+            h = m.pre_layer(ch.buf["ids_in"][:rows].to(m.device, non_blocking=True))
         else:
-            h = ch.buf["hidden_in"][:rows].to(m.device, m.dtype)
+            # Uploads from the page-locked Assist Buffer are asynchronous: the CPU side
+            # rewrites it only after GPU-Done, which follows this call's (blocking) download.
+            h = ch.buf["hidden_in"][:rows].to(m.device, m.dtype, non_blocking=True)
         if needs_group(op) and op != OP_NEO_PRE:
-            a = ch.buf["attn_in"][:rows, self.q_cols].to(m.device, m.dtype)
+            a = ch.buf["attn_in"][:rows, self.q_cols].to(m.device, m.dtype, non_blocking=True)
             h = m.post_attention(layer, h, a)  # all ranks: the O/down all-reduces
         if op in (OP_NEO_PRE, OP_NEO_MID):  # the next layer's QKV, this rank's heads
             nxt = 0 if op == OP_NEO_PRE else layer + 1
-            q, k, v = m.qkv(nxt, h, ch.buf["pos_in"][:rows].to(m.device))
+            q, k, v = m.qkv(nxt, h, ch.buf["pos_in"][:rows].to(m.device, non_blocking=True))
             ch.buf["q_out"][:rows, self.q_cols].copy_(q.reshape(rows, -1).float())
             ch.buf["k_out"][:rows, self.kv_cols].copy_(k.reshape(rows, -1).float())
             ch.buf["v_out"][:rows, self.kv_cols].copy_(v.reshape(rows, -1).float())
@@ -293,6 +305,7 @@ class GpuWorker:
             ready.extend(f.req_id for s in to_cpu for f in s.forks)
         # Ready means the CPU tier may read the host blocks: every copy must have landed.
         self.copies.synchronize()
+        self.gate.drain()  # the step's results were read: its stages are done
         self.steps += 1
         out = [tokens.get(id(s), (-1, None)) for s in msg.seqs]
         return StepDone(step_id=msg.step_id, tokens=[t for t, _ in out],

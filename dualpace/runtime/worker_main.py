@@ -27,7 +27,7 @@ from dualpace.model.stages import StagedModel
 from dualpace.model.weights import Shard, load_weights
 from dualpace.runtime import protocol as P
 from dualpace.runtime.assist import AssistChannel, pid_alive
-from dualpace.runtime.copies import DEFERRED_ENV, copy_engine
+from dualpace.runtime.copies import DEFERRED_ENV, copy_engine, register_host
 from dualpace.runtime.cpu_worker import CpuWorker, HostKV
 from dualpace.runtime.gpu_memory import size_gpu_kv
 from dualpace.runtime.gpu_worker import GpuWorker, StagingKV
@@ -48,6 +48,12 @@ from dualpace.runtime.tp_control import DecisionLog
 SPEC_ENV = "DUALPACE_WORKER_SPEC"
 IDLE_SPIN = 4000  # pause iterations (~0.1 ms) before an idle worker sleeps (assist latency)
 log = logging.getLogger("dualpace.worker")
+
+
+def _whole(seg: Segment) -> torch.Tensor:
+    """A whole segment as bytes: page-locked in one registration (per-layer views would
+    share pages at their edges, and a page can be registered once)."""
+    return seg.tensor(0, (seg.size,), torch.uint8)
 
 
 class WorkerProcess:
@@ -102,7 +108,7 @@ class WorkerProcess:
         return all_reduce
 
     def _build(self, host: HostKVLayout, regions, channels, decisions):
-        cfg, spec = self.config, self.spec
+        cfg, spec, seg = self.config, self.spec, self.segments
         full = load_model_config(cfg.model)
         local = full.shard(spec.tp_size)
         shard = Shard(spec.rank, spec.tp_size)
@@ -132,6 +138,8 @@ class WorkerProcess:
             # Stage boundaries serve assists when a route can call one (§4.2), and always
             # under a forced route (the gated baseline's dense stages run between them):
             # the policy decides, as it does for the engine.
+            if device.type == "cuda":  # DMA-able: the host KV pool and the Assist Buffers
+                register_host([_whole(seg["host_kv"]), _whole(seg["assist"])])
             # DUALPACE_DEFERRED_COPIES=1 (tests, CPU only): copies land only when waited on.
             copies = copy_engine(device, deferred=os.environ.get(DEFERRED_ENV) == "1")
             return GpuWorker(model, kv, staging, regions, heads, channels,
