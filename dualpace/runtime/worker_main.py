@@ -95,11 +95,15 @@ class WorkerProcess:
             return None
         import torch.distributed as dist
 
-        backend = "nccl" if device.type == "cuda" else "gloo"
+        cuda = device.type == "cuda"
+        # NCCL binds each rank's communicator to its own device (set_device ran in _build):
+        # without device_id every rank would first touch cuda:0.
         dist.init_process_group(
-            backend, init_method=f"file://{spec.runtime_dir}/tp-{spec.kind}.store",
+            "nccl" if cuda else "gloo",
+            init_method=f"file://{spec.runtime_dir}/tp-{spec.kind}.store",
             rank=spec.rank, world_size=spec.tp_size,
-            timeout=datetime.timedelta(seconds=self.config.startup_timeout))
+            timeout=datetime.timedelta(seconds=self.config.startup_timeout),
+            **({"device_id": device} if cuda else {}))
 
         def all_reduce(t: torch.Tensor) -> torch.Tensor:
             dist.all_reduce(t)
@@ -118,6 +122,10 @@ class WorkerProcess:
             device = torch.device(cfg.gpu_device)
             if device.type == "cuda" and spec.tp_size > 1:
                 device = torch.device("cuda", spec.rank)
+            if device.type == "cuda":
+                # The current device: events, streams, mem_get_info and NCCL use it.
+                device = torch.device("cuda", device.index or 0)
+                torch.cuda.set_device(device)
             dtype = DTYPES[cfg.gpu_dtype]
             model = StagedModel(local, load_weights(cfg.model, full, dtype, device, shard),
                                 max_len, all_reduce=self._all_reduce(device))
