@@ -100,13 +100,14 @@ def tiny_model(llama_checkpoint):
 
 
 def _worker(model: StagedModel, copies) -> GpuWorker:
-    c = model.cfg
+    """A GPU worker on ``model``'s device with host regions in (this process's) memory."""
+    c, dev = model.cfg, model.device
     shape = (HOST_BLOCKS, c.num_kv_heads, BS, c.head_dim)
     host = ([torch.zeros(shape) for _ in range(c.num_layers)],
             [torch.zeros(shape) for _ in range(c.num_layers)])
-    kv = KVCache(c.num_layers, GPU_BLOCKS, c.num_kv_heads, BS, c.head_dim, torch.float32)
+    kv = KVCache(c.num_layers, GPU_BLOCKS, c.num_kv_heads, BS, c.head_dim, torch.float32, dev)
     staging = StagingKV(c.num_layers, STAGING, c.num_kv_heads, BS, c.head_dim, torch.float32,
-                        torch.device("cpu"))
+                        dev)
     return GpuWorker(model, kv, staging, [host], head_ranges(c.num_kv_heads, 1, 1, 0), [],
                      False, copies=copies)
 

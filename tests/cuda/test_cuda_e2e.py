@@ -1,0 +1,39 @@
+"""CUDA only: every policy and Dense Assist route, served with the GPU worker on CUDA (fp32,
+TF32 off), token-for-token equal to transformers (issue 11). Skipped without CUDA (never
+counted as passed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dualpace import LLM
+
+from ..engine.test_e2e_policies import CASES, MAX_TOKENS, N_REQ, _generate_exact, workload  # noqa: F401
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+@pytest.mark.parametrize("policy,thresholds,route", CASES,
+                         ids=[f"{p}-{r or 'gpu'}" for p, _, r in CASES])
+def test_policy_outputs_on_cuda_match_transformers(workload, policy, thresholds, route):  # noqa: F811
+    path, prompts, expected = workload
+    with LLM(str(path), gpu_device="cuda", dtype="float32", gpu_kv_blocks=16, cpu_kv_gib=0.05,
+             max_num_seqs=16, max_num_batched_tokens=256, policy=policy,
+             assist_thresholds=thresholds) as llm:
+        m = _generate_exact(llm, prompts, expected)
+    cpu = m.get('dualpace:generation_tokens_total{engine="cpu"}', 0)
+    gpu = m.get('dualpace:generation_tokens_total{engine="gpu"}', 0)
+    assert cpu + gpu == N_REQ * MAX_TOKENS
+    assert (cpu == 0) == (route is None)
+    assert m.get('dualpace:kv_migrations_total{kind="swap-out"}', 0) \
+        + m.get('dualpace:kv_migrations_total{kind="prefill-to-cpu"}', 0) > 0 or route is None
+
+
+def test_kv_pool_sized_by_the_cuda_worker(workload):  # noqa: F811
+    path, prompts, expected = workload
+    with LLM(str(path), gpu_device="cuda", dtype="float32", cpu_kv_gib=0.05,
+             gpu_memory_utilization=0.3) as llm:
+        assert llm._serving.config.gpu_kv_blocks > 16  # measured by the worker, not 0
+        _generate_exact(llm, prompts[:4], expected[:4])
