@@ -1,0 +1,79 @@
+"""The prepared check for a GPU box: builds the C kernels if needed, runs the CUDA test suite
+(tests/cuda) and prints one JSON object: the device, torch and CUDA versions, and the tests'
+outcome. Exit status 0 only if CUDA is usable and every CUDA test passed (a skip fails it:
+on a GPU box nothing may skip).
+
+    python bench/gpu_check.py [--json-out FILE] [-- extra pytest args]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _device() -> dict:
+    import torch
+
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda,
+            "cuda_available": torch.cuda.is_available()}
+    if info["cuda_available"]:
+        p = torch.cuda.get_device_properties(0)
+        info.update(name=p.name, memory_gib=round(p.total_memory / (1 << 30), 1),
+                    capability=f"{p.major}.{p.minor}")
+    return info
+
+
+def _run_tests(extra: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = Path(tmp) / "junit.xml"
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               f"--junitxml={xml}", "tests/cuda", *extra], cwd=ROOT,
+                              capture_output=True, text=True)
+        out = {"rc": proc.returncode, "passed": 0, "failed": 0, "skipped": 0, "problems": [],
+               "tail": proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []}
+        if not xml.exists():
+            out["problems"].append(proc.stderr[-2000:])
+            return out
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            name = f"{case.get('classname')}::{case.get('name')}"
+            bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+            if bad is not None:
+                out["failed"] += 1
+                out["problems"].append({"test": name, "message": (bad.get("message") or "")[:500]})
+            elif case.find("skipped") is not None:
+                out["skipped"] += 1
+                out["problems"].append({"test": name, "skipped": case.find("skipped").get(
+                    "message", "")})
+            else:
+                out["passed"] += 1
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json-out", default="")
+    ap.add_argument("pytest_args", nargs="*")
+    args = ap.parse_args()
+    report = {"bench": "gpu_check", "device": _device()}
+    if report["device"]["cuda_available"]:
+        report["tests"] = _run_tests(args.pytest_args)
+    ok = (report["device"]["cuda_available"] and report["tests"]["rc"] == 0
+          and report["tests"]["skipped"] == 0 and report["tests"]["passed"] > 0)
+    report["ok"] = bool(ok)
+    text = json.dumps(report)
+    print(text)
+    if args.json_out:
+        Path(args.json_out).write_text(text + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
