@@ -229,10 +229,26 @@ PLANTS = [
           "swap copies (it reuses swapped-out blocks)", "dualpace/runtime/gpu_worker.py",
           "            self.copies.compute_waits(self.copies.fence())",
           "            pass", ("tests/runtime/test_async_copies.py",)),
+    Plant("noise-device-dependent", "seeded noise comes from the device's own generator",
+          "dualpace/sampling/sampler.py", "        out[r0:r0 + rows] = -torch.log(u)",
+          "        out[r0:r0 + rows] = torch.empty_like(u).exponential_()",
+          ("tests/sampling/test_sampler.py",)),
+    Plant("stage-gate-unbounded", "the stage gate lets every stage run ahead of the device",
+          "dualpace/runtime/stage_gate.py", "        while len(self._events) > self.depth:",
+          "        while False:", ("tests/runtime/test_stage_gate.py",)),
+    Plant("kv-sizing-ignores-others", "GPU KV sizing ignores memory held outside torch",
+          "dualpace/runtime/gpu_memory.py",
+          "    non_torch = max(0, (total - free) - torch_reserved)", "    non_torch = 0",
+          ("tests/runtime/test_gpu_memory.py",)),
+    Plant("install-keeps-cpu-torch-on-gpu", "a GPU box keeps a CPU torch build",
+          "bin/install-torch", 'if [[ "$have" == *" cuda" ]]; then\n    echo "install-torch: '
+          'keeping existing CUDA torch ${have% *}"\nelse',
+          'if [[ -n "$have" ]]; then\n    echo "install-torch: keeping existing CUDA torch '
+          '${have% *}"\nelse', ("tests/test_install_torch.py",)),
     Plant("ready-before-copies-landed", "a step reports requests ready with host copies in "
           "flight", "dualpace/runtime/gpu_worker.py",
-          "        self.copies.synchronize()\n        self.steps += 1",
-          "        self.steps += 1", ("tests/runtime/test_async_copies.py",)),
+          "        self.copies.synchronize()\n        self.gate.drain()",
+          "        self.gate.drain()", ("tests/runtime/test_async_copies.py",)),
 ]
 
 
