@@ -40,6 +40,7 @@ class ResolvedConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     block_size: int
     gpu_kv_blocks: int  # 0 until a CUDA GPU worker sized its pool (the Runtime fills it in)
     gpu_memory_utilization: float
+    attention_backend: str  # the GPU worker's: "triton" | "torch"; never "auto"
     max_model_len: int
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -85,6 +86,30 @@ def _gpu_device(name: str) -> str:
                     "= %s): the GPU worker runs on CPU; see README, Install on a GPU box",
                     torch.__version__, torch.version.cuda)
     return "cpu"
+
+
+def _attention_backend(requested: str, device: str, block_size: int) -> str:
+    """``auto``: Triton on CUDA when it imports and the block size suits its tiles (>= 16),
+    else the torch reference. ``triton`` off CUDA runs only under Triton's interpreter
+    (TRITON_INTERPRET=1: tests); anywhere else it is an error, as is a block size < 16."""
+    import importlib.util
+
+    have = importlib.util.find_spec("triton") is not None
+    if requested == "auto":
+        backend = ("triton" if device.startswith("cuda") and have and block_size >= 16
+                   else "torch")
+        log.info("attention backend: %s (auto, on %s)", backend, device)
+        return backend
+    if requested == "triton":
+        if not have:
+            raise ValueError("attention_backend: triton is not installed")
+        if not device.startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("attention_backend: triton needs a CUDA GPU worker (or "
+                             "TRITON_INTERPRET=1, Triton's CPU interpreter, for tests)")
+        if block_size < 16:
+            raise ValueError(f"attention_backend: triton needs block_size >= 16, got "
+                             f"{block_size}")
+    return requested
 
 
 def _cpu_dtype_and_isa(requested: str) -> tuple[str, str]:
@@ -145,6 +170,7 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
         model=config.model, policy=config.policy, gpu_device=device, gpu_dtype=gpu_dtype,
         cpu_dtype=cpu_dtype, cpu_isa=isa, block_size=bs, gpu_kv_blocks=gpu_blocks,
         gpu_memory_utilization=config.gpu_memory_utilization,
+        attention_backend=_attention_backend(config.attention_backend, device, bs),
         max_model_len=max_len, max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens, cpu_batch_limit=limit,
         thresholds=thresholds, staging_blocks=staging, gpu_tp=config.gpu_tp,

@@ -245,6 +245,26 @@ PLANTS = [
           'keeping existing CUDA torch ${have% *}"\nelse',
           'if [[ -n "$have" ]]; then\n    echo "install-torch: keeping existing CUDA torch '
           '${have% *}"\nelse', ("tests/test_install_torch.py",)),
+    Plant("triton-decode-reads-past-the-end", "Triton decode attends one token past each "
+          "sequence", "dualpace/model/attention_triton.py",
+          '        s = tl.where((j * BS + t)[None, :] < seq_len, s, float("-inf"))',
+          '        s = tl.where((j * BS + t)[None, :] <= seq_len, s, float("-inf"))',
+          ("tests/model/test_attention_triton.py",)),
+    Plant("triton-merge-ignores-lse", "the split merge averages partial outputs unweighted",
+          "dualpace/model/attention_triton.py",
+          '    w = tl.where(sp_ok & (lse > float("-inf")), tl.exp(lse - m), 0.0)',
+          '    w = tl.where(sp_ok & (lse > float("-inf")), 1.0, 0.0)',
+          ("tests/model/test_attention_triton.py",)),
+    Plant("triton-prefill-not-causal", "Triton prefill lets a row see later rows",
+          "dualpace/model/attention_triton.py",
+          "        s = tl.where((kpos[None, :] <= qpos[:, None]) & (kpos[None, :] < seq_len), s,",
+          "        s = tl.where((kpos[None, :] < seq_len), s,",
+          ("tests/model/test_attention_triton.py",)),
+    Plant("worker-ignores-attention-backend", "the GPU worker builds its model with the "
+          "default attention whatever was configured", "dualpace/runtime/worker_main.py",
+          "                                attention_backend=cfg.attention_backend)",
+          "                                )",
+          ("tests/model/test_attention_triton.py::test_served_by_a_gpu_worker_on_triton",)),
     Plant("ready-before-copies-landed", "a step reports requests ready with host copies in "
           "flight", "dualpace/runtime/gpu_worker.py",
           "        self.copies.synchronize()\n        self.gate.drain()",

@@ -78,3 +78,23 @@ def test_worker_spec_carries_the_typed_config(ckpt):
     raw["config"]["gpu_kv_blocks"] = "many"
     with pytest.raises(msgspec.ValidationError, match="gpu_kv_blocks"):
         msgspec.json.decode(json.dumps(raw).encode(), type=P.WorkerSpec)
+
+
+def test_attention_backend_resolution(ckpt, monkeypatch):
+    path = str(ckpt)
+    assert resolve(EngineConfig(model=path, gpu_device="cpu")).attention_backend == "torch"
+    # auto on CUDA: Triton (installed with the dev extra) when the block size suits it.
+    assert resolve(EngineConfig(model=path, gpu_device="cuda")).attention_backend == "triton"
+    assert resolve(EngineConfig(model=path, gpu_device="cuda", block_size=8)
+                   ).attention_backend == "torch"
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="triton needs a CUDA GPU worker"):
+        resolve(EngineConfig(model=path, gpu_device="cpu", attention_backend="triton"))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert resolve(EngineConfig(model=path, gpu_device="cpu", attention_backend="triton")
+                   ).attention_backend == "triton"
+    with pytest.raises(ValueError, match="block_size >= 16"):
+        resolve(EngineConfig(model=path, gpu_device="cuda", attention_backend="triton",
+                             block_size=8))
+    with pytest.raises(ValueError, match="attention_backend: expected auto, triton or torch"):
+        EngineConfig(model=path, attention_backend="flashinfer")

@@ -54,6 +54,24 @@ def default_decode_attention(device: torch.device) -> DecodeAttention:
     return paged_decode_attention_ref
 
 
+ATTENTION_BACKENDS = ("torch", "triton")
+
+
+def attention_functions(backend: str, device: torch.device):
+    """(decode, prefill) attention for a backend: "torch" is the C kernel on CPU (when built)
+    or the torch reference, with the reference's ragged prefill; "triton" is
+    model/attention_triton.py (CUDA, or CPU tensors under TRITON_INTERPRET=1), imported only
+    when chosen: Triton decides at import whether its kernels are compiled or interpreted."""
+    if backend == "triton":
+        from dualpace.model import attention_triton
+
+        return attention_triton.paged_decode_attention, attention_triton.paged_prefill_attention
+    if backend != "torch":
+        raise ValueError(f"attention backend: expected one of {ATTENTION_BACKENDS}, "
+                         f"got {backend!r}")
+    return default_decode_attention(device), ragged_paged_attention
+
+
 def default_linear(device: torch.device, dtype: torch.dtype) -> Linear:
     """Decode-sized fp32 projections through the cext kernel on CPU, else torch."""
     if device.type != "cpu" or dtype != torch.float32:
@@ -79,16 +97,22 @@ class StagedModel:
         max_positions: int,
         decode_attention: DecodeAttention | None = None,
         all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        attention_backend: str = "torch",
     ):
         """``cfg`` is this rank's view (``ModelConfig.shard``); ``all_reduce`` sums the
-        row-parallel O and down projections over the tensor-parallel group (None: one rank)."""
+        row-parallel O and down projections over the tensor-parallel group (None: one rank);
+        ``attention_backend``: see ``attention_functions`` (``decode_attention`` overrides
+        its decode half)."""
         self.cfg = cfg
         self.w = weights
         self.device = weights.embed.device
         self.dtype = weights.embed.dtype
         self.rope = RotaryEmbedding(cfg.rope, cfg.head_dim, max_positions, self.dtype, self.device)
         self.scale = cfg.head_dim**-0.5
-        self.decode_attention = decode_attention or default_decode_attention(self.device)
+        decode, self.prefill_attention = attention_functions(attention_backend, self.device)
+        self.decode_attention = decode_attention or decode
+        # Calls per attention implementation (its module), for Stats: which kernels served.
+        self.attention_calls: dict[str, int] = {}
         self.linear = default_linear(self.device, self.dtype)
         self.all_reduce = all_reduce or (lambda t: t)
 
@@ -128,12 +152,14 @@ class StagedModel:
         write_kv(kv.k[i], kv.v[i], k, v, batch.slot_mapping)
 
     def attention(self, i: int, q: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        fn = self.decode_attention if batch.is_decode else self.prefill_attention
+        self.attention_calls[fn.__module__] = self.attention_calls.get(fn.__module__, 0) + 1
         if batch.is_decode:
             out = self.decode_attention(
                 q, kv.k[i], kv.v[i], batch.block_tables, batch.seq_lens, self.scale
             )
         else:
-            out = ragged_paged_attention(
+            out = self.prefill_attention(
                 q, kv.k[i], kv.v[i], batch.block_tables, batch.query_lens_list,
                 batch.seq_lens_list, self.scale,
             )

@@ -189,6 +189,7 @@ class Stats(_Msg, tag=24):
     routes: dict[str, int] = {}
     assist_busy_us: int = 0
     assist_at_boundary: int = 0  # GPU: assists served between two main stage tasks
+    attention_calls: dict[str, int] = {}  # attention calls per backend function (module)
 
 
 class Shutdown(_Msg, tag=25):

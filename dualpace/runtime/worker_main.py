@@ -128,7 +128,8 @@ class WorkerProcess:
                 torch.cuda.set_device(device)
             dtype = DTYPES[cfg.gpu_dtype]
             model = StagedModel(local, load_weights(cfg.model, full, dtype, device, shard),
-                                max_len, all_reduce=self._all_reduce(device))
+                                max_len, all_reduce=self._all_reduce(device),
+                                attention_backend=cfg.attention_backend)
             staging = StagingKV(local.num_layers, cfg.staging_blocks, local.num_kv_heads,
                                 cfg.block_size, local.head_dim, dtype, device)
             blocks = cfg.gpu_kv_blocks
@@ -210,7 +211,8 @@ class WorkerProcess:
                                 assist_calls=getattr(w, "assist_calls", 0),
                                 routes=dict(getattr(w, "routes", {})),
                                 assist_busy_us=getattr(w, "assist_busy_us", 0),
-                                assist_at_boundary=getattr(w, "boundary_served", 0))
+                                assist_at_boundary=getattr(w, "boundary_served", 0),
+                                attention_calls=dict(w.model.attention_calls))
             elif isinstance(msg, P.AssistSamplesRequest):
                 samples = getattr(w, "assist_samples", None)
                 drained = []

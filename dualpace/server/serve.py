@@ -80,9 +80,10 @@ async def serve(config: EngineConfig, host: str, port: int, model_name: str,
     site = web.TCPSite(runner, host, port)
     await site.start()
     rc = serving.config
-    log.warning("GPU worker on %s (%s, %d KV blocks of %d tokens); CPU tier %s, %d host KV "
-                "blocks, kernels %s", rc.gpu_device, rc.gpu_dtype, rc.gpu_kv_blocks,
-                rc.block_size, rc.cpu_dtype, rc.host_kv_blocks, rc.cpu_isa or "torch")
+    log.warning("GPU worker on %s (%s, %d KV blocks of %d tokens, %s attention); CPU tier "
+                "%s, %d host KV blocks, kernels %s", rc.gpu_device, rc.gpu_dtype,
+                rc.gpu_kv_blocks, rc.block_size, rc.attention_backend, rc.cpu_dtype,
+                rc.host_kv_blocks, rc.cpu_isa or "torch")
     log.info("serving %s on http://%s:%d (policy %s)", model_name, host, port, config.policy)
     notifier.ready(f"serving {model_name} on {host}:{port}")
     loop = asyncio.get_running_loop()
