@@ -227,8 +227,13 @@ PLANTS = [
           "                pass", ("tests/runtime/test_async_copies.py",)),
     Plant("forward-before-swap-copies", "the forward runs without waiting for the step's "
           "swap copies (it reuses swapped-out blocks)", "dualpace/runtime/gpu_worker.py",
-          "            self.copies.compute_waits(self.copies.fence())",
-          "            pass", ("tests/runtime/test_async_copies.py",)),
+          "            if mig_fences:\n                self.copies.compute_waits(mig_fences[i])",
+          "            if False:\n                pass", ("tests/runtime/test_async_copies.py",)),
+    Plant("forward-waits-for-the-wrong-layer", "layer i of the forward waits only for the "
+          "swaps' layer 0", "dualpace/runtime/gpu_worker.py",
+          "                self.copies.compute_waits(mig_fences[i])",
+          "                self.copies.compute_waits(mig_fences[0])",
+          ("tests/runtime/test_async_copies.py",)),
     Plant("noise-device-dependent", "seeded noise comes from the device's own generator",
           "dualpace/sampling/sampler.py", "        out[r0:r0 + rows] = -torch.log(u)",
           "        out[r0:r0 + rows] = torch.empty_like(u).exponential_()",

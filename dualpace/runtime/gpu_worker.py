@@ -1,9 +1,10 @@
 """The GPU worker: GPU-main batches as FIFO stage tasks, Dense Assist at stage boundaries,
 and KV migrations (paper §4.1, §4.2, §5; DESIGN.md §Processes).
 
-A step enqueues its migrations first (swap-out GPU->host, swap-in host->GPU) on the copy
-engine (runtime/copies.py), makes the compute wait for them (the forward may reuse swapped-out
-blocks and reads swapped-in ones), then runs the forward: pre-layer, each layer, post-layer.
+A step enqueues its migrations first (swap-out GPU->host, swap-in host->GPU), layer by layer,
+on the copy engine (runtime/copies.py), then runs the forward: pre-layer, each layer,
+post-layer; layer i waits only for the swaps' layer-i copies (it may write KV into blocks just
+swapped out and reads blocks just swapped in), so later layers' copies overlap its compute.
 Between two stage tasks the worker serves a ready Dense Assist before taking the next task
 (non-preemptive stage-boundary priority); when no assist route is reachable it skips those
 checks (whole-forward mode). Prefill-to-CPU rows run as a second sub-batch whose K/V go to a
@@ -263,32 +264,42 @@ class GpuWorker:
                 else:
                     self.copies.to_device(host, dev, src_ids, dst_ids)
 
-    def _migrate(self, m: Migration, to_host: bool) -> None:
+    def _blocks_to_move(self, m: Migration) -> tuple[list[int], list[int]]:
         nb = -(-m.num_tokens // self.block_size)
         src, dst = m.src_blocks[:nb], m.dst_blocks[:nb]
         if len(src) < nb or len(dst) < nb:
             raise ValueError(f"migration of request {m.req_id}: {m.num_tokens} tokens need {nb} "
                              f"blocks, got {len(m.src_blocks)} -> {len(m.dst_blocks)}")
+        return src, dst
+
+    def _issue_migrations(self, msg: GpuBatch) -> list:
+        """Every swap of the step on the copy stream, layer by layer; returns fences[i], the
+        point after which layer i of every swap has landed. The forward's layer i waits for
+        fences[i] only (it writes KV into blocks just swapped out, reads blocks just swapped
+        in): later layers' copies overlap its compute."""
+        moves = ([(*self._blocks_to_move(m), True) for m in msg.swap_out]
+                 + [(*self._blocks_to_move(m), False) for m in msg.swap_in])
+        if not moves:
+            return []
+        fences = []
         for i in range(self.model.cfg.num_layers):
-            self._copy_layer(i, src, dst, to_host)
+            for src, dst, to_host in moves:
+                self._copy_layer(i, src, dst, to_host)
+            fences.append(self.copies.fence())
             self.boundary()
+        return fences
 
     # --- a GPU-main step ------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, msg: GpuBatch) -> StepDone:
         ready: list[int] = []
+        mig_fences = self._issue_migrations(msg)
         for m in msg.swap_out:
-            self._migrate(m, to_host=True)
             self.requests.set_blocks(m.req_id, [])
             ready.append(m.req_id)
         for m in msg.swap_in:
-            self._migrate(m, to_host=False)
             self.requests.set_blocks(m.req_id, m.dst_blocks)
             ready.append(m.req_id)
-        if msg.swap_out or msg.swap_in:
-            # The forward may write into blocks just swapped out (the engine reuses them in
-            # this step) and reads the blocks just swapped in.
-            self.copies.compute_waits(self.copies.fence())
         self.requests.apply_outputs(msg.seqs)
         main = [s for s in msg.seqs if not s.host_blocks]
         to_cpu = [s for s in msg.seqs if s.host_blocks]
@@ -296,7 +307,9 @@ class GpuWorker:
         plps: dict[int, list] = {}
         if main:
             self.requests.apply_blocks(main)
-            tokens.update(self._forward(main, self.kv, None, plps))
+            tokens.update(self._forward(main, self.kv, None, plps, mig_fences))
+            if mig_fences:  # a fork's destination may be a block just swapped out
+                self.copies.compute_waits(mig_fences[-1])
             self._copy_forks(main)
         if to_cpu:
             tokens.update(self._forward(to_cpu, self.staging, self._staging_tables(to_cpu),
@@ -349,10 +362,11 @@ class GpuWorker:
         return tables
 
     def _forward(self, seqs: list[SeqStep], kv, staging_tables,
-                 plps: dict[int, list]) -> dict[int, tuple]:
+                 plps: dict[int, list], mig_fences=()) -> dict[int, tuple]:
         """Stage tasks of one sub-batch; returns id(seq) -> (sampled token, its logprobs or
         None) for sampling rows, and puts id(seq) -> the chunk's prompt logprobs in
-        ``plps`` for seqs that asked (``next_token`` > -2)."""
+        ``plps`` for seqs that asked (``next_token`` > -2). ``mig_fences[i]``: the step's
+        swaps of layer i, which layer i must wait for."""
         m = self.model
         if staging_tables is None:
             fb = self.requests.forward_batch(seqs, self.block_size, m.device)
@@ -364,6 +378,8 @@ class GpuWorker:
         self.boundary()
         fences = []  # staging only: fences[i] covers layer i's copies out of its buffer
         for i in range(m.cfg.num_layers):
+            if mig_fences:
+                self.copies.compute_waits(mig_fences[i])
             if staging_tables is not None and i >= StagingKV.BUFFERS:
                 # Layer i overwrites the buffer layer i-2 filled: its copies must be done.
                 self.copies.compute_waits(fences[i - StagingKV.BUFFERS])
