@@ -18,9 +18,13 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(EngineConfig):
         if f.name == "model":
             continue
+        flag, text = "--" + f.name.replace("_", "-"), FLAG_HELP.get(f.name, "")
+        if str(f.type) == "bool":
+            p.add_argument(flag, action="store_true", default=f.default, help=text)
+            continue
         kind = {"int": int, "float": float}.get(str(f.type), str)
-        p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default,
-                       help=f"{FLAG_HELP.get(f.name, '')} (default: {f.default!r})")
+        p.add_argument(flag, type=kind, default=f.default,
+                       help=f"{text} (default: {f.default!r})")
 
 
 def _engine_options(args: argparse.Namespace) -> dict:

@@ -44,6 +44,7 @@ FLAG_HELP = {
                               "activations and KV; CUDA only)",
     "max_model_len": "longest prompt + output (0: the checkpoint's limit)",
     "max_num_seqs": "most requests in a GPU batch / owned by the CPU tier",
+    "enforce_eager": "no CUDA graphs: decode steps launch their kernels one by one",
     "attention_backend": "GPU worker's paged attention: auto (triton on CUDA when importable "
                          "and block_size >= 16, else torch) | triton | torch",
     "policy": "dualpace | gated (NEO-style baseline) | gpu-only (vLLM-style baseline)",
@@ -75,6 +76,7 @@ class EngineConfig:
     max_model_len: int = 0  # 0: the checkpoint's max_position_embeddings
     max_num_seqs: int = 64  # rows of a GPU batch (not a bound on the CPU tier)
     attention_backend: str = "auto"  # the GPU worker's: auto | triton | torch
+    enforce_eager: bool = False  # no CUDA graphs for decode
     # --- the dual-engine runtime ----------------------------------------------------------
     policy: str = "dualpace"  # dualpace | gated (NEO-style) | gpu-only (vLLM-style)
     cpu_batch_limit: int = 0  # C, the CPU decode batch limit (0: the profile's, else 256)

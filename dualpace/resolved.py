@@ -41,6 +41,7 @@ class ResolvedConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     gpu_kv_blocks: int  # 0 until a CUDA GPU worker sized its pool (the Runtime fills it in)
     gpu_memory_utilization: float
     attention_backend: str  # the GPU worker's: "triton" | "torch"; never "auto"
+    cuda_graphs: bool  # decode steps replay captured graphs (CUDA, triton, not enforce_eager)
     max_model_len: int
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -164,13 +165,15 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
     # block.
     staging = (blocks_for_tokens(max(config.max_num_batched_tokens, max_len), bs)
                + config.max_num_seqs)
+    backend = _attention_backend(config.attention_backend, device, bs)
     gpu_cores, cpu_cores = split_cores(sorted(os.sched_getaffinity(0)), config.gpu_cores,
                                        config.cpu_cores)
     return ResolvedConfig(
         model=config.model, policy=config.policy, gpu_device=device, gpu_dtype=gpu_dtype,
         cpu_dtype=cpu_dtype, cpu_isa=isa, block_size=bs, gpu_kv_blocks=gpu_blocks,
         gpu_memory_utilization=config.gpu_memory_utilization,
-        attention_backend=_attention_backend(config.attention_backend, device, bs),
+        attention_backend=backend,
+        cuda_graphs=device.startswith("cuda") and backend == "triton" and not config.enforce_eager,
         max_model_len=max_len, max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens, cpu_batch_limit=limit,
         thresholds=thresholds, staging_blocks=staging, gpu_tp=config.gpu_tp,

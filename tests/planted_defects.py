@@ -270,6 +270,15 @@ PLANTS = [
           "                                attention_backend=cfg.attention_backend)",
           "                                )",
           ("tests/model/test_attention_triton.py::test_served_by_a_gpu_worker_on_triton",)),
+    Plant("replay-skips-swap-fences", "a decode step replayed from graphs does not wait for "
+          "the step's swaps", "dualpace/runtime/gpu_worker.py",
+          "            if mig_fences and g.per_stage and k > 0:",
+          "            if False:", ("tests/runtime/test_async_copies.py",)),
+    Plant("graph-padding-writes-block-0", "padding rows of a replayed batch write KV into "
+          "block 0", "dualpace/runtime/decode_graphs.py",
+          "        self.slot_mapping[b:bucket] = self.scratch_block * self.block_size",
+          "        self.slot_mapping[b:bucket] = 0",
+          ("tests/runtime/test_decode_graphs.py",)),
     Plant("ready-before-copies-landed", "a step reports requests ready with host copies in "
           "flight", "dualpace/runtime/gpu_worker.py",
           "        self.copies.synchronize()\n        self.gate.drain()",

@@ -98,3 +98,13 @@ def test_attention_backend_resolution(ckpt, monkeypatch):
                              block_size=8))
     with pytest.raises(ValueError, match="attention_backend: expected auto, triton or torch"):
         EngineConfig(model=path, attention_backend="flashinfer")
+
+
+def test_cuda_graphs_follow_device_backend_and_enforce_eager(ckpt):
+    path = str(ckpt)
+    assert resolve(EngineConfig(model=path, gpu_device="cuda")).cuda_graphs
+    assert not resolve(EngineConfig(model=path, gpu_device="cuda", enforce_eager=True)
+                       ).cuda_graphs
+    assert not resolve(EngineConfig(model=path, gpu_device="cuda", attention_backend="torch")
+                       ).cuda_graphs
+    assert not resolve(EngineConfig(model=path, gpu_device="cpu")).cuda_graphs

@@ -26,6 +26,7 @@ from dualpace.model.batch import SeqChunk, build_forward_batch
 from dualpace.model.stages import StagedModel
 from dualpace.runtime.assist import AssistChannel, needs_group
 from dualpace.runtime.copies import copy_engine
+from dualpace.runtime.decode_graphs import DecodeGraphs
 from dualpace.runtime.device import DeviceOps
 from dualpace.runtime.layouts import OP_ECHO, OP_NEO_MID, OP_NEO_PRE, OP_POST_ATTN
 from dualpace.runtime.protocol import (
@@ -67,13 +68,14 @@ class GpuWorker:
                  head_map: list[tuple[int, int, int, int, int]],
                  channels: list[AssistChannel], assist_reachable: bool,
                  tp_rank: int = 0, tp_size: int = 1, decisions: DecisionLog | None = None,
-                 copies=None):
+                 copies=None, graphs: DecodeGraphs | None = None):
         """``host_regions``: per CPU TP rank, the per-layer (K, V) views of its host-pool
         region; ``head_map``: where this rank's KV heads live in them (layouts.head_ranges).
         ``channels``: the assist channels (Dense Assist uses the first; the gated pipeline's
         two CPU sub-batches one each); ``assist_reachable``: serve them at stage
         boundaries (else only while idle: the whole-forward path of §4.2). ``copies``: the
-        host<->GPU copy engine (default: the device's; tests pass the deferred stand-in)."""
+        host<->GPU copy engine (default: the device's; tests pass the deferred stand-in).
+        ``graphs``: captured decode forwards (decode_graphs.py), or None: eager."""
         self.model = model
         self.kv = kv
         self.staging = staging
@@ -89,6 +91,8 @@ class GpuWorker:
         kvs = model.cfg.kv_size  # ... and its k/v columns of a full QKV output
         self.kv_cols = slice(tp_rank * kvs, (tp_rank + 1) * kvs)
         self.boundary_served = 0  # assists served between two main stage tasks
+        self.graphs = graphs
+        self.graph_steps = 0  # decode steps replayed from graphs
         self.ops = DeviceOps(model.device)
         self.copies = copies if copies is not None else copy_engine(model.device)
         self.gate = StageGate(self.ops.record_event if self.ops.cuda else None,
@@ -374,6 +378,32 @@ class GpuWorker:
             fb = build_forward_batch(
                 [SeqChunk(s.token_ids, s.start_pos, t) for s, t in zip(seqs, staging_tables)],
                 self.block_size, m.device)
+        if (staging_tables is None and self.graphs is not None
+                and all(s.next_token == -2 for s in seqs) and self.graphs.prepare(fb)):
+            hidden = self._replay(fb, mig_fences)
+        else:
+            hidden = self._eager(fb, kv, staging_tables, seqs, mig_fences)
+        return self._outputs(seqs, fb, hidden, plps)
+
+    def _replay(self, fb, mig_fences) -> torch.Tensor:
+        """A decode step from the captured graphs: per stage, with the same boundaries and
+        swap fences as the eager path (whole forward: every swap landed first)."""
+        g = self.graphs
+        if mig_fences and not g.per_stage:
+            self.copies.compute_waits(mig_fences[-1])
+        for k in range(g.num_stages):
+            if mig_fences and g.per_stage and k > 0:
+                self.copies.compute_waits(mig_fences[k - 1])
+            g.run_stage(k)
+            self.boundary()
+        m = self.model
+        key = m.decode_attention.__module__
+        m.attention_calls[key] = m.attention_calls.get(key, 0) + m.cfg.num_layers
+        self.graph_steps += 1
+        return g.output(fb.num_rows)
+
+    def _eager(self, fb, kv, staging_tables, seqs, mig_fences) -> torch.Tensor:
+        m = self.model
         hidden = m.pre_layer(fb.input_ids)
         self.boundary()
         fences = []  # staging only: fences[i] covers layer i's copies out of its buffer
@@ -390,6 +420,10 @@ class GpuWorker:
                         self._copy_layer(i, t, dst[:len(t)], to_host=True, kv=kv)
                 fences.append(self.copies.fence())
             self.boundary()
+        return hidden
+
+    def _outputs(self, seqs, fb, hidden, plps: dict[int, list]) -> dict[int, tuple]:
+        m = self.model
         want = [j for j, s in enumerate(seqs) if s.next_token > -2]
         last = fb.logits_indices.tolist() if want else []  # a device sync: only when asked
         for j in want:

@@ -190,6 +190,7 @@ class Stats(_Msg, tag=24):
     assist_busy_us: int = 0
     assist_at_boundary: int = 0  # GPU: assists served between two main stage tasks
     attention_calls: dict[str, int] = {}  # attention calls per backend function (module)
+    graph_steps: int = 0  # GPU: decode steps replayed from captured graphs
 
 
 class Shutdown(_Msg, tag=25):

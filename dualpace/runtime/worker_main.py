@@ -21,6 +21,7 @@ import zmq
 
 from dualpace.kernels import cpu as cpu_kernels
 from dualpace.kernels.futex import FutexWord
+from dualpace.kv.block_pool import blocks_for_tokens
 from dualpace.kv.cache import KVCache
 from dualpace.model.config import load_model_config
 from dualpace.model.stages import StagedModel
@@ -29,6 +30,7 @@ from dualpace.runtime import protocol as P
 from dualpace.runtime.assist import AssistChannel, pid_alive
 from dualpace.runtime.copies import DEFERRED_ENV, copy_engine, register_host
 from dualpace.runtime.cpu_worker import CpuWorker, HostKV
+from dualpace.runtime.decode_graphs import DecodeGraphs, PaddedDecodeInputs, capture_sizes
 from dualpace.runtime.gpu_memory import size_gpu_kv
 from dualpace.runtime.gpu_worker import GpuWorker, StagingKV
 from dualpace.runtime.layouts import (
@@ -140,7 +142,9 @@ class WorkerProcess:
                                      cfg.max_num_seqs, max_len, cfg.gpu_memory_utilization,
                                      block_bytes)
             self.kv_blocks = blocks
-            kv = KVCache(local.num_layers, blocks, local.num_kv_heads,
+            # Decode graphs pad batches with rows that touch one scratch block past the pool.
+            scratch = 1 if cfg.cuda_graphs else 0
+            kv = KVCache(local.num_layers, blocks + scratch, local.num_kv_heads,
                          cfg.block_size, local.head_dim, dtype, device)
             heads = head_ranges(full.num_kv_heads, spec.tp_size, spec.num_host_regions,
                                 spec.rank)
@@ -151,9 +155,18 @@ class WorkerProcess:
                 register_host([_whole(seg["host_kv"]), _whole(seg["assist"])])
             # DUALPACE_DEFERRED_COPIES=1 (tests, CPU only): copies land only when waited on.
             copies = copy_engine(device, deferred=os.environ.get(DEFERRED_ENV) == "1")
+            graphs = None
+            if cfg.cuda_graphs:
+                inputs = PaddedDecodeInputs(cfg.max_num_seqs,
+                                            blocks_for_tokens(max_len, cfg.block_size),
+                                            blocks, cfg.block_size, device)
+                # Per stage when a Dense Assist may arrive mid-forward (§4.2), else whole.
+                graphs = DecodeGraphs(model, kv, inputs, capture_sizes(cfg.max_num_seqs),
+                                      per_stage=cfg.serves_boundaries())
+                graphs.capture()
             return GpuWorker(model, kv, staging, regions, heads, channels,
                              cfg.serves_boundaries(),
-                             spec.rank, spec.tp_size, decisions, copies)
+                             spec.rank, spec.tp_size, decisions, copies, graphs)
         dtype = DTYPES[host.dtype]
         model = StagedModel(local, load_weights(cfg.model, full, dtype, "cpu", shard), max_len,
                             all_reduce=self._all_reduce(torch.device("cpu")))
@@ -212,6 +225,7 @@ class WorkerProcess:
                                 routes=dict(getattr(w, "routes", {})),
                                 assist_busy_us=getattr(w, "assist_busy_us", 0),
                                 assist_at_boundary=getattr(w, "boundary_served", 0),
+                                graph_steps=getattr(w, "graph_steps", 0),
                                 attention_calls=dict(w.model.attention_calls))
             elif isinstance(msg, P.AssistSamplesRequest):
                 samples = getattr(w, "assist_samples", None)

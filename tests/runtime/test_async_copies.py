@@ -26,6 +26,7 @@ from dualpace.model.stages import StagedModel
 from dualpace.model.weights import Shard, load_weights
 from dualpace.runtime import protocol as P
 from dualpace.runtime.copies import DeferredCopies, EagerCopies, _runs, copy_engine
+from dualpace.runtime.decode_graphs import DecodeGraphs, PaddedDecodeInputs, capture_sizes
 from dualpace.runtime.gpu_worker import GpuWorker, StagingKV
 from dualpace.runtime.layouts import head_ranges
 
@@ -99,17 +100,25 @@ def tiny_model(llama_checkpoint):
                        256)
 
 
-def _worker(model: StagedModel, copies) -> GpuWorker:
-    """A GPU worker on ``model``'s device with host regions in (this process's) memory."""
+def _worker(model: StagedModel, copies, graphs=None) -> GpuWorker:
+    """A GPU worker on ``model``'s device with host regions in (this process's) memory; its
+    pool has one block past the engine's (decode graphs' scratch block). ``graphs``:
+    (per_stage,) to replay decode steps from captured graphs."""
     c, dev = model.cfg, model.device
     shape = (HOST_BLOCKS, c.num_kv_heads, BS, c.head_dim)
     host = ([torch.zeros(shape) for _ in range(c.num_layers)],
             [torch.zeros(shape) for _ in range(c.num_layers)])
-    kv = KVCache(c.num_layers, GPU_BLOCKS, c.num_kv_heads, BS, c.head_dim, torch.float32, dev)
+    kv = KVCache(c.num_layers, GPU_BLOCKS + 1, c.num_kv_heads, BS, c.head_dim, torch.float32,
+                 dev)
     staging = StagingKV(c.num_layers, STAGING, c.num_kv_heads, BS, c.head_dim, torch.float32,
                         dev)
+    decode_graphs = None
+    if graphs is not None:
+        inputs = PaddedDecodeInputs(8, 64 // BS, GPU_BLOCKS, BS, dev)
+        decode_graphs = DecodeGraphs(model, kv, inputs, capture_sizes(8), per_stage=graphs[0])
+        decode_graphs.capture()
     return GpuWorker(model, kv, staging, [host], head_ranges(c.num_kv_heads, 1, 1, 0), [],
-                     False, copies=copies)
+                     False, copies=copies, graphs=decode_graphs)
 
 
 @dataclass
@@ -190,20 +199,25 @@ class _Engine:
 
 
 def _assert_same_kv(a: GpuWorker, b: GpuWorker) -> None:
+    """Both pools equal, the GPU pool up to the engine's blocks (not the scratch block)."""
+    n = GPU_BLOCKS
     for i in range(a.model.cfg.num_layers):
-        assert torch.equal(a.kv.k[i], b.kv.k[i]) and torch.equal(a.kv.v[i], b.kv.v[i]), \
-            f"GPU KV of layer {i} differs"
+        assert torch.equal(a.kv.k[i][:n], b.kv.k[i][:n]) \
+            and torch.equal(a.kv.v[i][:n], b.kv.v[i][:n]), f"GPU KV of layer {i} differs"
         (ak, av), (bk, bv) = a.host_regions[0], b.host_regions[0]
         assert torch.equal(ak[i], bk[i]) and torch.equal(av[i], bv[i]), \
             f"host KV of layer {i} differs"
 
 
 @settings(max_examples=12, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1))
-def test_interleaved_migrations_on_the_stand_in_equal_synchronous_copies(tiny_model, seed):
+@given(seed=st.integers(0, 2**31 - 1), graphs=st.sampled_from([None, (True,), (False,)]))
+def test_interleaved_migrations_on_the_stand_in_equal_synchronous_copies(tiny_model, seed,
+                                                                         graphs):
+    """... also when the stand-in worker replays its decode steps from graphs (per stage or
+    whole forward), against an eager worker."""
     rng = random.Random(seed)
     deferred = DeferredCopies()
-    eager, late = _worker(tiny_model, EagerCopies()), _worker(tiny_model, deferred)
+    eager, late = _worker(tiny_model, EagerCopies()), _worker(tiny_model, deferred, graphs)
     eng = _Engine([eager, late])
     for _ in range(6):
         eng.add([rng.randrange(VOCAB) for _ in range(rng.randint(3, 14))])
@@ -212,6 +226,8 @@ def test_interleaved_migrations_on_the_stand_in_equal_synchronous_copies(tiny_mo
         assert deferred.pending == 0, "a step returned with copies still in flight"
         _assert_same_kv(eager, late)
     assert deferred.landed > 0
+    if graphs is not None:
+        assert late.graph_steps > 0 and eager.graph_steps == 0
 
 
 def test_prefill_to_cpu_reuses_the_staging_buffers_only_after_their_copies(tiny_model):
