@@ -1,7 +1,7 @@
-"""The prepared check for a GPU box: builds the C kernels if needed, runs the CUDA test suite
-(tests/cuda) and prints one JSON object: the device, torch and CUDA versions, and the tests'
-outcome. Exit status 0 only if CUDA is usable and every CUDA test passed (a skip fails it:
-on a GPU box nothing may skip).
+"""The prepared check for a GPU box: runs the CUDA test suite (tests/cuda) and
+bench/gpu_decode.py, and prints one JSON object: the device, torch and CUDA versions, the
+tests' outcome and the decode/prefill figures. Exit status 0 only if CUDA is usable and
+every CUDA test passed (a skip fails it: on a GPU box nothing may skip).
 
     python bench/gpu_check.py [--json-out FILE] [-- extra pytest args]
 """
@@ -57,14 +57,26 @@ def _run_tests(extra: list[str]) -> dict:
     return out
 
 
+def _gpu_decode() -> dict:
+    """bench/gpu_decode.py's JSON (decode and prefill per backend against the rooflines)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_decode.py"), "--json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        return {"error": proc.stderr[-2000:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json-out", default="")
+    ap.add_argument("--no-decode", action="store_true", help="skip bench/gpu_decode.py")
     ap.add_argument("pytest_args", nargs="*")
     args = ap.parse_args()
     report = {"bench": "gpu_check", "device": _device()}
     if report["device"]["cuda_available"]:
         report["tests"] = _run_tests(args.pytest_args)
+        if not args.no_decode:
+            report["gpu_decode"] = _gpu_decode()
     ok = (report["device"]["cuda_available"] and report["tests"]["rc"] == 0
           and report["tests"]["skipped"] == 0 and report["tests"]["passed"] > 0)
     report["ok"] = bool(ok)
