@@ -147,7 +147,9 @@ def main() -> int:
     budget = (torch.cuda.mem_get_info(device)[0] // 2 if device.type == "cuda"
               else 8 << 30) // block_bytes
     blocks = min(wanted, budget)
-    bw, flops = copy_bandwidth(device), matmul_rate(device, dtype)
+    cuda = device.type == "cuda"  # the CPU smoke run measures with smaller operands
+    bw = copy_bandwidth(device, 1024 if cuda else 256)
+    flops = matmul_rate(device, dtype, 8192 if cuda else 1024)
     w_bytes = weight_bytes(cfg, dtype.itemsize)
     report = {"bench": "gpu_decode", "device": (torch.cuda.get_device_name(device)
                                                 if device.type == "cuda" else "cpu"),
