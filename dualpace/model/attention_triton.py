@@ -26,6 +26,12 @@ import triton.language as tl
 GROUP_TILE = 16  # query heads of one KV head, padded: tl.dot needs >= 16 rows
 
 
+def _precision(pool: torch.Tensor) -> str:
+    """fp32 KV: exact fp32 dots (Triton's default on GPUs is TF32, which the fp32 oracle
+    tests and an fp32 deployment would not expect); half types: the tensor cores' own."""
+    return "ieee" if pool.dtype == torch.float32 else "tf32"
+
+
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, tables_ptr, seq_lens_ptr, part_out_ptr, part_lse_ptr,
@@ -35,7 +41,7 @@ def _decode_split_kernel(
     s_ob, s_oh, s_os,  # partial out [B, Hq, S, D]
     s_lb, s_lh,  # partial lse [B, Hq, S]
     GROUP: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, D: tl.constexpr,
-    BD: tl.constexpr,
+    BD: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -61,14 +67,16 @@ def _decode_split_kernel(
         base = blk * s_kn + kvh * s_kh
         kv_mask = d_ok[None, :]
         k = tl.load(k_ptr + base + t[:, None] * s_kt + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q.to(k.dtype), tl.trans(k), out_dtype=tl.float32) * scale  # [GP, BS]
+        s = tl.dot(q.to(k.dtype), tl.trans(k), input_precision=PRECISION,
+                   out_dtype=tl.float32) * scale  # [GP, BS]
         s = tl.where((j * BS + t)[None, :] < seq_len, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + base + t[:, None] * s_kt + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, out_dtype=tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION,
+                                            out_dtype=tl.float32)
         m_i = m_new
 
     has = last > first
@@ -134,7 +142,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
-        GROUP=group, GP=GROUP_TILE, BS=BS, D=D, BD=bd)
+        GROUP=group, GP=GROUP_TILE, BS=BS, D=D, BD=bd, PRECISION=_precision(k_cache))
     out = torch.empty_like(q)
     _decode_merge_kernel[(B, Hq)](
         part_out, part_lse, out,
@@ -150,7 +158,7 @@ def _prefill_kernel(
     scale, max_blocks,
     s_qt, s_qh, s_kn, s_kh, s_kt, s_ot, s_oh,
     GROUP: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, D: tl.constexpr,
-    BD: tl.constexpr,
+    BD: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -180,7 +188,8 @@ def _prefill_kernel(
         base = blk * s_kn + kvh * s_kh
         k = tl.load(k_ptr + base + t[:, None] * s_kt + d[None, :], mask=d_ok[None, :],
                     other=0.0)
-        s = tl.dot(q.to(k.dtype), tl.trans(k), out_dtype=tl.float32) * scale  # [BM, BS]
+        s = tl.dot(q.to(k.dtype), tl.trans(k), input_precision=PRECISION,
+                   out_dtype=tl.float32) * scale  # [BM, BS]
         kpos = j * BS + t
         s = tl.where((kpos[None, :] <= qpos[:, None]) & (kpos[None, :] < seq_len), s,
                      float("-inf"))
@@ -191,7 +200,8 @@ def _prefill_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + base + t[:, None] * s_kt + d[None, :], mask=d_ok[None, :],
                     other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, out_dtype=tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION,
+                                            out_dtype=tl.float32)
         m_i = m_new
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + (q0 + r)[:, None] * s_ot + h * s_oh + d[None, :],
@@ -224,5 +234,36 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q, k_cache, v_cache, out, tables, q_start, lens, scale, tables.shape[1],
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), out.stride(1),
-        GROUP=Hq // Hkv, BM=block_m, BS=BS, D=D, BD=triton.next_power_of_2(D))
+        GROUP=Hq // Hkv, BM=block_m, BS=BS, D=D, BD=triton.next_power_of_2(D),
+        PRECISION=_precision(k_cache))
     return out
+
+
+def self_check(device: torch.device, dtype: torch.dtype) -> str | None:
+    """A small decode and prefill on ``device`` against the torch reference, run once when a
+    GPU worker starts on this backend: None when they agree, else why not (the worker then
+    falls back to the reference rather than serve wrong tokens)."""
+    from dualpace.model.attention_ref import paged_decode_attention_ref, ragged_paged_attention
+
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    try:
+        g = torch.Generator().manual_seed(0)
+        k, v = (torch.randn(12, 2, 16, 128, generator=g).to(device, dtype) for _ in range(2))
+        tables = torch.tensor([[3, 7, 0], [11, 1, 5], [2, 0, 0]], dtype=torch.int32,
+                              device=device)
+        lens = [20, 40, 9]
+        seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+        q = torch.randn(3, 8, 128, generator=g).to(device, dtype)
+        got = paged_decode_attention(q, k, v, tables, seq_lens, 0.088, splits=2)
+        ref = paged_decode_attention_ref(q, k, v, tables, seq_lens, 0.088)
+        if not torch.allclose(got.float(), ref.float(), atol=tol, rtol=tol):
+            return f"decode differs from the reference by {(got - ref).abs().max().item():.3g}"
+        qlens = [4, 40, 1]
+        q = torch.randn(sum(qlens), 8, 128, generator=g).to(device, dtype)
+        got = paged_prefill_attention(q, k, v, tables, qlens, lens, 0.088)
+        ref = ragged_paged_attention(q, k, v, tables, qlens, lens, 0.088)
+        if not torch.allclose(got.float(), ref.float(), atol=tol, rtol=tol):
+            return f"prefill differs from the reference by {(got - ref).abs().max().item():.3g}"
+    except Exception as e:  # a compile or launch failure is a reason, not a crash
+        return f"{type(e).__name__}: {e}"
+    return None

@@ -24,7 +24,7 @@ from dualpace.kernels.futex import FutexWord
 from dualpace.kv.block_pool import blocks_for_tokens
 from dualpace.kv.cache import KVCache
 from dualpace.model.config import load_model_config
-from dualpace.model.stages import StagedModel
+from dualpace.model.stages import StagedModel, attention_functions
 from dualpace.model.weights import Shard, load_weights
 from dualpace.runtime import protocol as P
 from dualpace.runtime.assist import AssistChannel, pid_alive
@@ -132,6 +132,18 @@ class WorkerProcess:
             model = StagedModel(local, load_weights(cfg.model, full, dtype, device, shard),
                                 max_len, all_reduce=self._all_reduce(device),
                                 attention_backend=cfg.attention_backend)
+            graphs_ok = cfg.cuda_graphs
+            if cfg.attention_backend == "triton" and device.type == "cuda":
+                from dualpace.model import attention_triton
+
+                reason = attention_triton.self_check(device, dtype)
+                if reason is not None:
+                    log.error("Triton attention failed its start-up check on %s (%s): "
+                              "serving with the torch reference, without CUDA graphs",
+                              device, reason)
+                    model.decode_attention, model.prefill_attention = attention_functions(
+                        "torch", device)
+                    graphs_ok = False
             staging = StagingKV(local.num_layers, cfg.staging_blocks, local.num_kv_heads,
                                 cfg.block_size, local.head_dim, dtype, device)
             blocks = cfg.gpu_kv_blocks
@@ -156,14 +168,19 @@ class WorkerProcess:
             # DUALPACE_DEFERRED_COPIES=1 (tests, CPU only): copies land only when waited on.
             copies = copy_engine(device, deferred=os.environ.get(DEFERRED_ENV) == "1")
             graphs = None
-            if cfg.cuda_graphs:
+            if graphs_ok:
                 inputs = PaddedDecodeInputs(cfg.max_num_seqs,
                                             blocks_for_tokens(max_len, cfg.block_size),
                                             blocks, cfg.block_size, device)
                 # Per stage when a Dense Assist may arrive mid-forward (§4.2), else whole.
                 graphs = DecodeGraphs(model, kv, inputs, capture_sizes(cfg.max_num_seqs),
                                       per_stage=cfg.serves_boundaries())
-                graphs.capture()
+                try:
+                    graphs.capture()
+                except Exception:  # serve eagerly rather than not at all
+                    log.exception("decode CUDA graph capture failed: serving eagerly "
+                                  "(--enforce-eager skips the attempt)")
+                    graphs = None
             return GpuWorker(model, kv, staging, regions, heads, channels,
                              cfg.serves_boundaries(),
                              spec.rank, spec.tp_size, decisions, copies, graphs)

@@ -167,3 +167,16 @@ def test_served_by_a_gpu_worker_on_triton(llama_checkpoint, monkeypatch):
     assert set(calls) == {at.__name__}, calls
     for p, o in zip(prompts, outs):
         assert o.token_ids == hf_greedy(hf, p, 6)
+
+
+def test_start_up_self_check_passes_and_catches_a_broken_kernel(monkeypatch):
+    assert at.self_check(DEV, torch.float32) is None
+    monkeypatch.setattr(at, "paged_decode_attention",
+                        lambda q, *a, **k: paged_decode_attention_ref(q, *a[:4], 1.0))
+    assert at.self_check(DEV, torch.float32).startswith("decode differs from the reference")
+
+    def boom(*a, **k):
+        raise RuntimeError("no kernel image is available")
+
+    monkeypatch.setattr(at, "paged_decode_attention", boom)
+    assert at.self_check(DEV, torch.float32) == "RuntimeError: no kernel image is available"
