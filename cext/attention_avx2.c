@@ -62,6 +62,30 @@ static inline __attribute__((always_inline)) VEC vmax(VEC a, VEC b) { return _mm
 static inline __attribute__((always_inline)) VEC vexp(VEC x) { return exp8(x); }
 static inline __attribute__((always_inline)) float vreduce_add(VEC v) { return hsum8(v); }
 static inline __attribute__((always_inline)) float vreduce_max(VEC v) { return hmax8(v); }
+/* out[i] = the lane sum of v[i], i < n <= 8: one hadd tree for all of them. */
+static inline __attribute__((always_inline)) void vreduce_many(const VEC *v, int n, float *out) {
+    const __m256 z = _mm256_setzero_ps();
+    __m256 a[8];
+    for (int i = 0; i < 8; i++) a[i] = i < n ? v[i] : z;
+    const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    const __m256 r = _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20),
+                                   _mm256_permute2f128_ps(t0, t1, 0x31));
+    if (n == 8) {
+        _mm256_storeu_ps(out, r);
+    } else {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, r);
+        for (int i = 0; i < n; i++) out[i] = tmp[i];
+    }
+}
+/* bf16 pairs (attention_simd.h): 16 bf16 as fp32, the even (half 0) or odd (half 1) ones. */
+static inline __attribute__((always_inline)) VEC vbf16_half(const char *p, int half) {
+    const __m256i x = _mm256_loadu_si256((const __m256i *)p);
+    return _mm256_castsi256_ps(half ? _mm256_and_si256(x, _mm256_set1_epi32((int)0xFFFF0000u))
+                                    : _mm256_slli_epi32(x, 16));
+}
+#define DP_BF16_PAIRS
 #include "attention_simd.h"
 
 #define DP_ITEM_FN dp_attn_item_avx2

@@ -47,6 +47,27 @@ static inline __attribute__((always_inline)) VEC vmax(VEC a, VEC b) { return _mm
 static inline __attribute__((always_inline)) VEC vexp(VEC x) { return exp16(x); }
 static inline __attribute__((always_inline)) float vreduce_add(VEC v) { return _mm512_reduce_add_ps(v); }
 static inline __attribute__((always_inline)) float vreduce_max(VEC v) { return _mm512_reduce_max_ps(v); }
+/* out[i] = the lane sum of v[i], i < n <= 16, as one transpose-and-add tree (~3 shuffles and
+ * adds a sum) instead of a full horizontal reduction per vector. After the 128-bit folds
+ * f[4L + P] holds the sum of v[L + 4P]; one permute restores the order. */
+static inline __attribute__((always_inline)) void vreduce_many(const VEC *v, int n, float *out) {
+    const __m512 z = _mm512_setzero_ps();
+    __m512 w[8], u[4];
+    for (int i = 0; i < 8; i++) {
+        const __m512 a = 2 * i < n ? v[2 * i] : z, b = 2 * i + 1 < n ? v[2 * i + 1] : z;
+        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    }
+    for (int i = 0; i < 4; i++)
+        u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xDD));
+    const __m512 s0 = _mm512_add_ps(_mm512_unpacklo_ps(u[0], u[1]), _mm512_unpackhi_ps(u[0], u[1]));
+    const __m512 s1 = _mm512_add_ps(_mm512_unpacklo_ps(u[2], u[3]), _mm512_unpackhi_ps(u[2], u[3]));
+    const __m512d d0 = _mm512_castps_pd(s0), d1 = _mm512_castps_pd(s1);
+    const __m512 f = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(d0, d1)),
+                                   _mm512_castpd_ps(_mm512_unpackhi_pd(d0, d1)));
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_mask_storeu_ps(out, (__mmask16)((1u << n) - 1u), _mm512_permutexvar_ps(idx, f));
+}
 #include "attention_simd.h"
 
 #define DP_ITEM_FN dp_attn_item_avx512

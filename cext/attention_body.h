@@ -18,7 +18,17 @@ static inline __attribute__((always_inline)) void item_impl(
     float *qf = ws;               /* [G, D] query rows, pre-scaled */
     float *s = ws + G * D;        /* [G, BS] scores of one block */
     const int64_t q0 = ((int64_t)b * a->Hq + (int64_t)h * G) * D;
-    for (int i = 0; i < G * D; i++) qf[i] = dp_load_elem(a->q, a->q_dtype, q0 + i) * a->scale;
+#ifdef DP_HAVE_PAIRS
+    /* bf16 KV whose rows split into whole pairs of vectors: the even/odd order. */
+    const int pairs = kvdt == DP_BF16 && D % (2 * VW) == 0;
+#endif
+    for (int i = 0; i < G * D; i++) {
+        const float x = dp_load_elem(a->q, a->q_dtype, q0 + i) * a->scale;
+#ifdef DP_HAVE_PAIRS
+        if (pairs) { qf[i / D * D + pair_pos(i % D)] = x; continue; }
+#endif
+        qf[i] = x;
+    }
     for (int g = 0; g < G; g++) { m[g] = -INFINITY; l[g] = 0.f; }
     memset(acc, 0, sizeof(float) * (size_t)G * D);
     const int32_t *bt = a->block_tables + (int64_t)b * a->max_blocks;
@@ -29,6 +39,22 @@ static inline __attribute__((always_inline)) void item_impl(
         const int64_t base = (((int64_t)bt[blk] * a->Hkv + h) * BS + off) * row;
         const char *kp = (const char *)a->k_cache + base;
         const char *vp = (const char *)a->v_cache + base;
+        /* Each block of one head is a few KB on its own pages: the hardware prefetchers stop
+         * at page boundaries, so the next block's K and V are fetched by hand while this
+         * one computes (its id is in the table). */
+        if (t + n < t1) {
+            const int64_t nb = (((int64_t)bt[(t + n) / BS] * a->Hkv + h) * BS) * row;
+            const char *nk = (const char *)a->k_cache + nb, *nv = (const char *)a->v_cache + nb;
+            const int64_t bytes = (int64_t)BS * row;
+            for (int64_t off = 0; off < bytes; off += 64) {
+                __builtin_prefetch(nk + off, 0, 3);
+                __builtin_prefetch(nv + off, 0, 3);
+            }
+        }
+#ifdef DP_HAVE_PAIRS
+        if (pairs) prim_qk_block_pairs(qf, kp, row, n, D, G, s, BS);
+        else
+#endif
         prim_qk_block(qf, kp, row, n, kvdt, D, G, s, BS);
         for (int g = 0; g < G; g++) {
             const float bm = prim_max(s + g * BS, n);
@@ -41,9 +67,21 @@ static inline __attribute__((always_inline)) void item_impl(
             l[g] += prim_exp_sub(s + g * BS, n, mn);
             m[g] = mn;
         }
+#ifdef DP_HAVE_PAIRS
+        if (pairs) prim_pv_block_pairs(acc, s, BS, vp, row, n, D, G);
+        else
+#endif
         prim_pv_block(acc, s, BS, vp, row, n, kvdt, D, G);
         t += n;
     }
+#ifdef DP_HAVE_PAIRS
+    if (pairs)  /* the accumulators back in the natural order of d (qf is free now) */
+        for (int g = 0; g < G; g++) {
+            float *ag = acc + (int64_t)g * D;
+            for (int d = 0; d < D; d++) qf[d] = ag[pair_pos(d)];
+            memcpy(ag, qf, sizeof(float) * (size_t)D);
+        }
+#endif
 }
 
 /* Constant GQA group sizes and KV dtypes let the compiler keep the per-head accumulators in

@@ -3,7 +3,8 @@
  *   VEC, VW (lanes; D is a multiple of VW), QK_TT(G) (keys per q-chunk load, by register
  *   budget), and the inline functions
  *   vzero() vset1(f) vloadu(p) vstoreu(p, v) vload_w(p, dtype) vfma(a, b, c) vmul(a, b)
- *   vsub(a, b) vadd(a, b) vmax(a, b) vexp(x) (x <= 0) vreduce_add(v) vreduce_max(v).
+ *   vsub(a, b) vadd(a, b) vmax(a, b) vexp(x) (x <= 0) vreduce_add(v) vreduce_max(v)
+ *   vreduce_many(v, n, out) (out[i] = lane sum of v[i], i < n <= VW).
  * Tails shorter than VW (a partial last block) take the scalar loop. */
 #include <math.h>
 
@@ -22,8 +23,15 @@ static inline __attribute__((always_inline)) void qk_tile(
             for (int t = 0; t < TT; t++) acc[t][g] = vfma(qv, kv[t], acc[t][g]);
         }
     }
+    /* All TT x G dot products reduced together, VW vectors per tree. */
+    VEC flat[64];
+    float sums[64];
     for (int t = 0; t < TT; t++)
-        for (int g = 0; g < G; g++) s[g * BS + t] = vreduce_add(acc[t][g]);
+        for (int g = 0; g < G; g++) flat[t * G + g] = acc[t][g];
+    const int n = TT * G;
+    for (int i = 0; i < n; i += VW) vreduce_many(flat + i, n - i < VW ? n - i : VW, sums + i);
+    for (int t = 0; t < TT; t++)
+        for (int g = 0; g < G; g++) s[g * BS + t] = sums[t * G + g];
 }
 
 /* Several tokens per pass: each q chunk loaded once serves TT keys. */
@@ -106,3 +114,78 @@ static inline __attribute__((always_inline)) float prim_exp_sub(float *s, int n,
     for (; i < n; i++) { s[i] = expf(s[i] - m); r += s[i]; }
     return r;
 }
+
+/* --- bf16 KV in pairs ---------------------------------------------------------------------
+ * 2*VW bf16 elements load as one vector of 32-bit lanes, lane i holding elements 2i (low
+ * half) and 2i+1 (high half): a shift gives the even-index elements as fp32, a mask the odd
+ * ones (vbf16_half). Dot products do not care about the order of d, so q (and the PV
+ * accumulators) are kept in that even/odd order per 2*VW chunk, and the widening of a bf16
+ * vector costs one op instead of a zero-extend and a shift. */
+#ifdef DP_BF16_PAIRS  /* the ISA file opts in: measured faster with AVX2, slower with AVX-512 */
+#define DP_HAVE_PAIRS 1
+
+/* Position of element d in the even/odd order of its 2*VW chunk. */
+static inline __attribute__((always_inline)) int pair_pos(int d) {
+    const int c = d / (2 * VW) * (2 * VW), j = d - c;
+    return c + (j & 1) * VW + (j >> 1);
+}
+
+static inline __attribute__((always_inline)) void qk_tile_pairs(
+    const float *q, const char *k, int64_t row, int D, int G, int TT, float *s, int BS) {
+    VEC acc[4][16];
+    for (int t = 0; t < TT; t++)
+        for (int g = 0; g < G; g++) acc[t][g] = vzero();
+    for (int d = 0; d < D; d += 2 * VW) {
+        for (int half = 0; half < 2; half++) {
+            VEC kv[4];
+            for (int t = 0; t < TT; t++) kv[t] = vbf16_half(k + t * row + (int64_t)d * 2, half);
+            for (int g = 0; g < G; g++) {
+                const VEC qv = vloadu(q + g * D + d + half * VW);
+                for (int t = 0; t < TT; t++) acc[t][g] = vfma(qv, kv[t], acc[t][g]);
+            }
+        }
+    }
+    VEC flat[64];
+    float sums[64];
+    for (int t = 0; t < TT; t++)
+        for (int g = 0; g < G; g++) flat[t * G + g] = acc[t][g];
+    const int n = TT * G;
+    for (int i = 0; i < n; i += VW) vreduce_many(flat + i, n - i < VW ? n - i : VW, sums + i);
+    for (int t = 0; t < TT; t++)
+        for (int g = 0; g < G; g++) s[g * BS + t] = sums[t * G + g];
+}
+
+static inline __attribute__((always_inline)) void prim_qk_block_pairs(
+    const float *q, const char *k, int64_t row, int n, int D, int G, float *s, int BS) {
+    int t = 0;
+    if (G <= 16) {
+        const int TT = QK_TT(G);
+        for (; t + TT <= n; t += TT) qk_tile_pairs(q, k + t * row, row, D, G, TT, s + t, BS);
+        for (; t < n; t++) qk_tile_pairs(q, k + t * row, row, D, G, 1, s + t, BS);
+    } else {
+        for (int g0 = 0; g0 < G; g0 += 16)
+            for (t = 0; t < n; t++)
+                qk_tile_pairs(q + g0 * D, k + t * row, row, D, G - g0 < 16 ? G - g0 : 16, 1,
+                              s + g0 * BS + t, BS);
+    }
+}
+
+static inline __attribute__((always_inline)) void prim_pv_block_pairs(
+    float *acc, const float *s, int BS, const char *v, int64_t row, int n, int D, int G) {
+    for (int d = 0; d < D; d += VW) {
+        const int half = (d / VW) & 1;  /* chunk d holds the even or the odd elements */
+        const char *vd = v + (int64_t)(d - half * VW) * 2;
+        for (int g0 = 0; g0 < G; g0 += 8) {
+            const int gn = G - g0 < 8 ? G - g0 : 8;
+            VEC a[8];
+            for (int g = 0; g < gn; g++) a[g] = vloadu(acc + (int64_t)(g0 + g) * D + d);
+            for (int t = 0; t < n; t++) {
+                const VEC vv = vbf16_half(vd + t * row, half);
+                for (int g = 0; g < gn; g++)
+                    a[g] = vfma(vset1(s[(g0 + g) * BS + t]), vv, a[g]);
+            }
+            for (int g = 0; g < gn; g++) vstoreu(acc + (int64_t)(g0 + g) * D + d, a[g]);
+        }
+    }
+}
+#endif /* DP_BF16_PAIRS */
