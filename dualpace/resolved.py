@@ -52,6 +52,10 @@ class ResolvedConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cpu_tp: int
     gpu_cores: tuple[int, ...]
     cpu_cores: tuple[int, ...]
+    # No GPU and no core flags: both workers may use every allowed core, their thread counts
+    # following the other tier's occupancy (runtime/thread_share.py); the two core lists are
+    # then each worker's share while the other is busy.
+    shared_cores: bool
     startup_timeout: float
     max_restarts: int
     host_kv: HostKVLayout  # one CPU rank's region of the host KV pool
@@ -166,8 +170,10 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
     staging = (blocks_for_tokens(max(config.max_num_batched_tokens, max_len), bs)
                + config.max_num_seqs)
     backend = _attention_backend(config.attention_backend, device, bs)
-    gpu_cores, cpu_cores = split_cores(sorted(os.sched_getaffinity(0)), config.gpu_cores,
-                                       config.cpu_cores)
+    allowed = sorted(os.sched_getaffinity(0))
+    gpu_cores, cpu_cores = split_cores(allowed, config.gpu_cores, config.cpu_cores)
+    shared = (device == "cpu" and not config.gpu_cores and not config.cpu_cores
+              and len(allowed) >= 2 and config.gpu_tp == 1 and config.cpu_tp == 1)
     return ResolvedConfig(
         model=config.model, policy=config.policy, gpu_device=device, gpu_dtype=gpu_dtype,
         cpu_dtype=cpu_dtype, cpu_isa=isa, block_size=bs, gpu_kv_blocks=gpu_blocks,
@@ -178,6 +184,7 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
         max_num_batched_tokens=config.max_num_batched_tokens, cpu_batch_limit=limit,
         thresholds=thresholds, staging_blocks=staging, gpu_tp=config.gpu_tp,
         cpu_tp=config.cpu_tp, gpu_cores=tuple(gpu_cores), cpu_cores=tuple(cpu_cores),
+        shared_cores=shared,
         startup_timeout=config.startup_timeout, max_restarts=config.max_restarts,
         host_kv=HostKVLayout(mc.num_layers, host_blocks, mc.num_kv_heads // config.cpu_tp, bs,
                              mc.head_dim, cpu_dtype),

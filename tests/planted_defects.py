@@ -279,6 +279,15 @@ PLANTS = [
           "        self.slot_mapping[b:bucket] = self.scratch_block * self.block_size",
           "        self.slot_mapping[b:bucket] = 0",
           ("tests/runtime/test_decode_graphs.py",)),
+    Plant("threads-ignore-the-other-tier", "shared cores: a worker takes every core even "
+          "while the other tier works", "dualpace/runtime/thread_share.py",
+          "        n = self.own if self.peer.load() else self.total",
+          "        n = self.total", ("tests/runtime/test_thread_share.py",)),
+    Plant("shared-cores-never-used", "without a GPU the workers stay on their own share",
+          "dualpace/runtime/worker_main.py",
+          "    placement = pin_current_process(spec.all_cores or spec.cores)",
+          "    placement = pin_current_process(spec.cores)",
+          ("tests/runtime/test_thread_share.py",)),
     Plant("ready-before-copies-landed", "a step reports requests ready with host copies in "
           "flight", "dualpace/runtime/gpu_worker.py",
           "        self.copies.synchronize()\n        self.gate.drain()",

@@ -75,9 +75,19 @@ def resolve_isa(name: str | None = None) -> str:
                           or supported_isas()[-1])
 
 
+_threads_override = 0
+
+
+def set_num_threads(n: int) -> None:
+    """Threads of the kernels' OpenMP regions from now on (0: the pinned cores)."""
+    global _threads_override
+    _threads_override = max(0, int(n))
+
+
 def num_threads() -> int:
-    """Threads = the cores this process is pinned to."""
-    return len(os.sched_getaffinity(0))
+    """Threads = the cores this process is pinned to, unless set_num_threads said otherwise
+    (runtime/thread_share.py: cores shared between the two tiers)."""
+    return _threads_override or len(os.sched_getaffinity(0))
 
 
 def _check_tensor(t, name: str, ndim: int, dtypes) -> None:

@@ -113,6 +113,9 @@ class StagedModel:
         self.decode_attention = decode_attention or decode
         # Calls per attention implementation (its module), for Stats: which kernels served.
         self.attention_calls: dict[str, int] = {}
+        # Called before each layer's attention (runtime/thread_share.py re-picks the thread
+        # count there when two workers share the cores).
+        self.layer_hook: Callable[[], object] | None = None
         self.linear = default_linear(self.device, self.dtype)
         self.all_reduce = all_reduce or (lambda t: t)
 
@@ -152,6 +155,8 @@ class StagedModel:
         write_kv(kv.k[i], kv.v[i], k, v, batch.slot_mapping)
 
     def attention(self, i: int, q: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        if self.layer_hook is not None:
+            self.layer_hook()
         fn = self.decode_attention if batch.is_decode else self.prefill_attention
         self.attention_calls[fn.__module__] = self.attention_calls.get(fn.__module__, 0) + 1
         if batch.is_decode:

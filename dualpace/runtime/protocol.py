@@ -191,6 +191,7 @@ class Stats(_Msg, tag=24):
     assist_at_boundary: int = 0  # GPU: assists served between two main stage tasks
     attention_calls: dict[str, int] = {}  # attention calls per backend function (module)
     graph_steps: int = 0  # GPU: decode steps replayed from captured graphs
+    threads: int = 0  # shared cores: the thread count last picked (0: fixed placement)
 
 
 class Shutdown(_Msg, tag=25):
@@ -218,7 +219,7 @@ class WorkerSpec(msgspec.Struct, gc=False):
     tp_size: int
     parent_pid: int
     config: ResolvedConfig
-    cores: list[int]
+    cores: list[int]  # this worker's own cores (its share while the other tier is busy)
     control: str  # ZeroMQ endpoint of the supervisor
     runtime_dir: str  # the instance's private directory (tensor-parallel rendezvous file)
     shm: dict[str, str]  # role -> segment name
@@ -232,6 +233,7 @@ class WorkerSpec(msgspec.Struct, gc=False):
     eventfd: int  # worker -> engine doorbell
     num_host_regions: int  # = CPU tensor-parallel ranks
     gpu_pid: int = 0  # CPU workers: whose death to notice while waiting on an assist
+    all_cores: list[int] = []  # shared cores (config.shared_cores): where it may run
 
 
 Control = Union[Hello, Ping, Pong, StatsRequest, Stats, Shutdown,  # noqa: UP007

@@ -40,6 +40,7 @@ from dualpace.runtime.layouts import (
 from dualpace.runtime.placement import split_among
 from dualpace.runtime.ring import Ring
 from dualpace.runtime.shm import Instance, sweep_stale
+from dualpace.runtime.thread_share import OCCUPANCY_SIZE
 from dualpace.runtime.worker_main import SPEC_ENV
 
 log = logging.getLogger("dualpace.runtime")
@@ -120,6 +121,7 @@ class Runtime:
             "wake": inst.create("wake", wake_layout.size),
             "assist": inst.create("assist", NUM_ASSIST_CHANNELS * cfg.assist.size),
             "tpctl": inst.create("tpctl", TPControlLayout().size),
+            "occupancy": inst.create("occupancy", OCCUPANCY_SIZE),
         }
         self._segments = segs
         self._ctx = zmq.asyncio.Context()
@@ -147,6 +149,8 @@ class Runtime:
                 num_workers=len(ranks), wake_index=index, gpu_wake_index=0,
                 follower_wake_indices=list(range(1, cfg.gpu_tp)) if index == 0 else [],
                 eventfd=efd, num_host_regions=cfg.cpu_tp, gpu_pid=gpu_pid,
+                all_cores=(sorted(set(cfg.gpu_cores) | set(cfg.cpu_cores))
+                           if cfg.shared_cores else []),
             )
             proc = self._spawn(spec, efd)
             if index == 0:
@@ -177,7 +181,7 @@ class Runtime:
         env[SPEC_ENV] = msgspec.json.encode(spec).decode()
         # Each worker sizes its own thread pools to its pinned cores.
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            env[var] = str(len(spec.cores))
+            env[var] = str(len(spec.all_cores or spec.cores))
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # TP ranks are local processes
         return subprocess.Popen([sys.executable, "-m", "dualpace.runtime.worker_main"],
                                 env=env, pass_fds=(efd,), stdin=subprocess.DEVNULL)

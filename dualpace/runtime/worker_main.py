@@ -45,6 +45,7 @@ from dualpace.runtime.layouts import (
 from dualpace.runtime.placement import die_with_parent, pin_current_process
 from dualpace.runtime.ring import Ring
 from dualpace.runtime.shm import Segment
+from dualpace.runtime.thread_share import ThreadShare, occupancy_words
 from dualpace.runtime.tp_control import DecisionLog
 
 SPEC_ENV = "DUALPACE_WORKER_SPEC"
@@ -89,6 +90,11 @@ class WorkerProcess:
             decisions = DecisionLog(seg["tpctl"].buf, 0, TPControlLayout(),
                                     [wake(i) for i in spec.follower_wake_indices])
         self.worker = self._build(host, regions, channels, decisions)
+        self.threads = None
+        if spec.all_cores:  # shared cores: threads follow the other tier's occupancy
+            mine, peer = occupancy_words(seg["occupancy"].buf, spec.kind)
+            self.threads = ThreadShare(len(spec.cores), len(spec.all_cores), mine, peer)
+            self.worker.model.layer_hook = self.threads.check
 
     def _all_reduce(self, device: torch.device):
         """The tensor-parallel group's sum (torch.distributed: NCCL on CUDA, else Gloo)."""
@@ -205,6 +211,12 @@ class WorkerProcess:
                     if not isinstance(self.worker, GpuWorker):
                         raise ValueError("ProfileAssist goes to GPU workers")
                     out = self.worker.profile_assist(msg)
+                elif self.threads is not None:
+                    self.threads.begin()
+                    try:
+                        out = self.worker.run(msg)
+                    finally:
+                        self.threads.end()
                 else:
                     out = self.worker.run(msg)
             except Exception as e:  # a failed step is reported, the worker lives on
@@ -243,6 +255,7 @@ class WorkerProcess:
                                 assist_busy_us=getattr(w, "assist_busy_us", 0),
                                 assist_at_boundary=getattr(w, "boundary_served", 0),
                                 graph_steps=getattr(w, "graph_steps", 0),
+                                threads=self.threads.current if self.threads else 0,
                                 attention_calls=dict(w.model.attention_calls))
             elif isinstance(msg, P.AssistSamplesRequest):
                 samples = getattr(w, "assist_samples", None)
@@ -268,7 +281,7 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=os.environ.get("DUALPACE_LOG_LEVEL", "WARNING"),
                         format=f"%(asctime)s {spec.kind}-worker[{spec.rank}] %(message)s")
-    placement = pin_current_process(spec.cores)
+    placement = pin_current_process(spec.all_cores or spec.cores)
     torch.set_num_threads(len(spec.cores))
     log.info("%s", placement)
     ctx = zmq.Context()
