@@ -46,7 +46,7 @@ FLAG_HELP = {
     "max_num_seqs": "most requests in a GPU batch / owned by the CPU tier",
     "enforce_eager": "no CUDA graphs: decode steps launch their kernels one by one",
     "attention_backend": "GPU worker's paged attention: auto (triton on CUDA when importable "
-                         "and block_size >= 16, else torch) | triton | torch",
+                         "and block_size >= 16, else torch) | triton | flashinfer | torch",
     "policy": "dualpace | gated (NEO-style baseline) | gpu-only (vLLM-style baseline)",
     "cpu_batch_limit": "CPU decode batch limit C (0: the profile's, else 256)",
     "cpu_kv_gib": "host (CPU-tier) KV pool size in GiB",
@@ -75,7 +75,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.90  # vLLM's default
     max_model_len: int = 0  # 0: the checkpoint's max_position_embeddings
     max_num_seqs: int = 64  # rows of a GPU batch (not a bound on the CPU tier)
-    attention_backend: str = "auto"  # the GPU worker's: auto | triton | torch
+    attention_backend: str = "auto"  # the GPU worker's: auto | triton | flashinfer | torch
     enforce_eager: bool = False  # no CUDA graphs for decode
     # --- the dual-engine runtime ----------------------------------------------------------
     policy: str = "dualpace"  # dualpace | gated (NEO-style) | gpu-only (vLLM-style)
@@ -107,9 +107,9 @@ class EngineConfig:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization: must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}")
-        if self.attention_backend not in ("auto", "triton", "torch"):
-            raise ValueError("attention_backend: expected auto, triton or torch, got "
-                             f"{self.attention_backend!r}")
+        if self.attention_backend not in ("auto", "triton", "flashinfer", "torch"):
+            raise ValueError("attention_backend: expected auto, triton, flashinfer or torch, "
+                             f"got {self.attention_backend!r}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs: must be >= 1, got {self.max_num_seqs}")
         if self.policy not in ("dualpace", "gated", "gpu-only"):

@@ -40,7 +40,7 @@ class ResolvedConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     block_size: int
     gpu_kv_blocks: int  # 0 until a CUDA GPU worker sized its pool (the Runtime fills it in)
     gpu_memory_utilization: float
-    attention_backend: str  # the GPU worker's: "triton" | "torch"; never "auto"
+    attention_backend: str  # the GPU worker's: "triton" | "flashinfer" | "torch"; not "auto"
     cuda_graphs: bool  # decode steps replay captured graphs (CUDA, triton, not enforce_eager)
     max_model_len: int
     max_num_seqs: int
@@ -105,6 +105,12 @@ def _attention_backend(requested: str, device: str, block_size: int) -> str:
                    else "torch")
         log.info("attention backend: %s (auto, on %s)", backend, device)
         return backend
+    if requested == "flashinfer":
+        if not device.startswith("cuda"):
+            raise ValueError("attention_backend: flashinfer needs a CUDA GPU worker")
+        if importlib.util.find_spec("flashinfer") is None:
+            raise ValueError("attention_backend: flashinfer is not installed (the gpu extra: "
+                             "pip install -e '.[gpu]')")
     if requested == "triton":
         if not have:
             raise ValueError("attention_backend: triton is not installed")

@@ -288,6 +288,18 @@ PLANTS = [
           "    placement = pin_current_process(spec.all_cores or spec.cores)",
           "    placement = pin_current_process(spec.cores)",
           ("tests/runtime/test_thread_share.py",)),
+    Plant("flashinfer-last-page-zero", "FlashInfer's page table says 0 tokens in a full "
+          "last page", "dualpace/model/attention_flashinfer.py",
+          "        last.append(n - (pages - 1) * block_size)",
+          "        last.append(n % block_size)",
+          ("tests/model/test_attention_flashinfer.py",)),
+    Plant("backend-check-never-falls-back", "a backend that fails its start-up check is "
+          "served anyway", "dualpace/model/attention_check.py",
+          "        if reason is None:\n            return backend",
+          "        if True:\n            return backend",
+          ("tests/model/test_attention_flashinfer.py",
+           "tests/model/test_attention_triton.py::"
+           "test_start_up_check_passes_and_catches_a_broken_kernel")),
     Plant("ready-before-copies-landed", "a step reports requests ready with host copies in "
           "flight", "dualpace/runtime/gpu_worker.py",
           "        self.copies.synchronize()\n        self.gate.drain()",

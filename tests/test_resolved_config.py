@@ -96,8 +96,10 @@ def test_attention_backend_resolution(ckpt, monkeypatch):
     with pytest.raises(ValueError, match="block_size >= 16"):
         resolve(EngineConfig(model=path, gpu_device="cuda", attention_backend="triton",
                              block_size=8))
-    with pytest.raises(ValueError, match="attention_backend: expected auto, triton or torch"):
-        EngineConfig(model=path, attention_backend="flashinfer")
+    with pytest.raises(ValueError, match="flashinfer needs a CUDA GPU worker"):
+        resolve(EngineConfig(model=path, gpu_device="cpu", attention_backend="flashinfer"))
+    with pytest.raises(ValueError, match="attention_backend: expected auto, triton, flashinfer"):
+        EngineConfig(model=path, attention_backend="xformers")
 
 
 def test_cuda_graphs_follow_device_backend_and_enforce_eager(ckpt):

@@ -238,32 +238,3 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         PRECISION=_precision(k_cache))
     return out
 
-
-def self_check(device: torch.device, dtype: torch.dtype) -> str | None:
-    """A small decode and prefill on ``device`` against the torch reference, run once when a
-    GPU worker starts on this backend: None when they agree, else why not (the worker then
-    falls back to the reference rather than serve wrong tokens)."""
-    from dualpace.model.attention_ref import paged_decode_attention_ref, ragged_paged_attention
-
-    tol = 1e-4 if dtype == torch.float32 else 2e-2
-    try:
-        g = torch.Generator().manual_seed(0)
-        k, v = (torch.randn(12, 2, 16, 128, generator=g).to(device, dtype) for _ in range(2))
-        tables = torch.tensor([[3, 7, 0], [11, 1, 5], [2, 0, 0]], dtype=torch.int32,
-                              device=device)
-        lens = [20, 40, 9]
-        seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
-        q = torch.randn(3, 8, 128, generator=g).to(device, dtype)
-        got = paged_decode_attention(q, k, v, tables, seq_lens, 0.088, splits=2)
-        ref = paged_decode_attention_ref(q, k, v, tables, seq_lens, 0.088)
-        if not torch.allclose(got.float(), ref.float(), atol=tol, rtol=tol):
-            return f"decode differs from the reference by {(got - ref).abs().max().item():.3g}"
-        qlens = [4, 40, 1]
-        q = torch.randn(sum(qlens), 8, 128, generator=g).to(device, dtype)
-        got = paged_prefill_attention(q, k, v, tables, qlens, lens, 0.088)
-        ref = ragged_paged_attention(q, k, v, tables, qlens, lens, 0.088)
-        if not torch.allclose(got.float(), ref.float(), atol=tol, rtol=tol):
-            return f"prefill differs from the reference by {(got - ref).abs().max().item():.3g}"
-    except Exception as e:  # a compile or launch failure is a reason, not a crash
-        return f"{type(e).__name__}: {e}"
-    return None

@@ -31,6 +31,7 @@ class ForwardBatch:
     logits_indices: torch.Tensor  # [B] int64, the last row of each sequence
     query_lens_list: list[int]  # host copies: the reference prefill loops over them
     seq_lens_list: list[int]
+    block_ids_list: list[list[int]] | None = None  # host copy of the tables (FlashInfer plans)
 
     @property
     def num_rows(self) -> int:
@@ -81,4 +82,5 @@ def build_forward_batch(
         logits_indices=t(last, torch.int64),
         query_lens_list=qlens,
         seq_lens_list=slens,
+        block_ids_list=[c.block_ids for c in chunks],
     )

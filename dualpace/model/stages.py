@@ -54,14 +54,22 @@ def default_decode_attention(device: torch.device) -> DecodeAttention:
     return paged_decode_attention_ref
 
 
-ATTENTION_BACKENDS = ("torch", "triton")
+ATTENTION_BACKENDS = ("torch", "triton", "flashinfer")
 
 
-def attention_functions(backend: str, device: torch.device):
+def attention_functions(backend: str, device: torch.device, cfg: ModelConfig | None = None,
+                        block_size: int = 16):
     """(decode, prefill) attention for a backend: "torch" is the C kernel on CPU (when built)
     or the torch reference, with the reference's ragged prefill; "triton" is
     model/attention_triton.py (CUDA, or CPU tensors under TRITON_INTERPRET=1), imported only
-    when chosen: Triton decides at import whether its kernels are compiled or interpreted."""
+    when chosen: Triton decides at import whether its kernels are compiled or interpreted;
+    "flashinfer" (CUDA) is one planned object for both, which takes the whole batch."""
+    if backend == "flashinfer":
+        from dualpace.model.attention_flashinfer import FlashInferAttention
+
+        fi = FlashInferAttention(device, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                                 block_size)
+        return fi, fi
     if backend == "triton":
         from dualpace.model import attention_triton
 
@@ -98,6 +106,7 @@ class StagedModel:
         decode_attention: DecodeAttention | None = None,
         all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
         attention_backend: str = "torch",
+        block_size: int = 16,
     ):
         """``cfg`` is this rank's view (``ModelConfig.shard``); ``all_reduce`` sums the
         row-parallel O and down projections over the tensor-parallel group (None: one rank);
@@ -109,7 +118,8 @@ class StagedModel:
         self.dtype = weights.embed.dtype
         self.rope = RotaryEmbedding(cfg.rope, cfg.head_dim, max_positions, self.dtype, self.device)
         self.scale = cfg.head_dim**-0.5
-        decode, self.prefill_attention = attention_functions(attention_backend, self.device)
+        decode, self.prefill_attention = attention_functions(attention_backend, self.device,
+                                                             cfg, block_size)
         self.decode_attention = decode_attention or decode
         # Calls per attention implementation (its module), for Stats: which kernels served.
         self.attention_calls: dict[str, int] = {}
@@ -159,7 +169,9 @@ class StagedModel:
             self.layer_hook()
         fn = self.decode_attention if batch.is_decode else self.prefill_attention
         self.attention_calls[fn.__module__] = self.attention_calls.get(fn.__module__, 0) + 1
-        if batch.is_decode:
+        if getattr(fn, "wants_batch", False):  # FlashInfer: planned per batch
+            out = fn(q, kv.k[i], kv.v[i], batch, self.scale)
+        elif batch.is_decode:
             out = self.decode_attention(
                 q, kv.k[i], kv.v[i], batch.block_tables, batch.seq_lens, self.scale
             )

@@ -347,7 +347,8 @@ async def run_profile(config: EngineConfig, s: ProfileSettings, out_dir: Path) -
     cpu_limit = peak_batch(list(decode), list(decode.values()))
     device = torch.device(rc.gpu_device)
     gpu_model = StagedModel(mc, load_weights(config.model, mc, DTYPES[rc.gpu_dtype], device),
-                            16384, attention_backend=rc.attention_backend)
+                            16384, attention_backend=rc.attention_backend,
+                            block_size=rc.block_size)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     prefill = gpu_prefill_throughput(gpu_model, s.prefill_shapes, s, config.block_size, sync)
     by_tokens: dict[int, list[float]] = {}

@@ -23,6 +23,7 @@ from dualpace.kernels import cpu as cpu_kernels
 from dualpace.kernels.futex import FutexWord
 from dualpace.kv.block_pool import blocks_for_tokens
 from dualpace.kv.cache import KVCache
+from dualpace.model.attention_check import checked_backend
 from dualpace.model.config import load_model_config
 from dualpace.model.stages import StagedModel, attention_functions
 from dualpace.model.weights import Shard, load_weights
@@ -137,18 +138,14 @@ class WorkerProcess:
             dtype = DTYPES[cfg.gpu_dtype]
             model = StagedModel(local, load_weights(cfg.model, full, dtype, device, shard),
                                 max_len, all_reduce=self._all_reduce(device),
-                                attention_backend=cfg.attention_backend)
+                                attention_backend=cfg.attention_backend,
+                                block_size=cfg.block_size)
             graphs_ok = cfg.cuda_graphs
-            if cfg.attention_backend == "triton" and device.type == "cuda":
-                from dualpace.model import attention_triton
-
-                reason = attention_triton.self_check(device, dtype)
-                if reason is not None:
-                    log.error("Triton attention failed its start-up check on %s (%s): "
-                              "serving with the torch reference, without CUDA graphs",
-                              device, reason)
+            if device.type == "cuda" and cfg.attention_backend != "torch":
+                backend = checked_backend(cfg.attention_backend, device, dtype, log)
+                if backend != cfg.attention_backend:  # serve with what passed
                     model.decode_attention, model.prefill_attention = attention_functions(
-                        "torch", device)
+                        backend, device, local, cfg.block_size)
                     graphs_ok = False
             staging = StagingKV(local.num_layers, cfg.staging_blocks, local.num_kv_heads,
                                 cfg.block_size, local.head_dim, dtype, device)

@@ -4,10 +4,12 @@ counted as passed)."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
-from dualpace import LLM
+from dualpace import LLM, SamplingParams
 
 from ..engine.test_e2e_policies import CASES, MAX_TOKENS, N_REQ, _generate_exact, workload  # noqa: F401
 
@@ -37,3 +39,20 @@ def test_kv_pool_sized_by_the_cuda_worker(workload):  # noqa: F811
              gpu_memory_utilization=0.3) as llm:
         assert llm._serving.config.gpu_kv_blocks > 16  # measured by the worker, not 0
         _generate_exact(llm, prompts[:4], expected[:4])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None,
+                    reason="needs flashinfer (the gpu extra)")
+def test_served_on_flashinfer(workload):  # noqa: F811
+    """bf16 (FlashInfer has no fp32 KV): the backend really served, its first tokens those of
+    transformers' fp32 greedy run for nearly every prompt (bf16 may flip a near tie)."""
+    path, prompts, expected = workload
+    with LLM(str(path), gpu_device="cuda", dtype="bfloat16", attention_backend="flashinfer",
+             cpu_kv_gib=0.05, max_num_seqs=16) as llm:
+        outs = llm.generate(prompts[:16], SamplingParams(temperature=0, max_tokens=4,
+                                                         ignore_eos=True))
+        stats = llm._run(llm._serving.runtime.stats())
+    calls = next(s for s in stats if s.kind == "gpu").attention_calls
+    assert calls.get("dualpace.model.attention_flashinfer", 0) > 0, calls
+    same = sum(o.token_ids[0] == want[0] for o, want in zip(outs, expected))
+    assert same >= 14, f"{same} of 16 first tokens agree"

@@ -169,14 +169,25 @@ def test_served_by_a_gpu_worker_on_triton(llama_checkpoint, monkeypatch):
         assert o.token_ids == hf_greedy(hf, p, 6)
 
 
-def test_start_up_self_check_passes_and_catches_a_broken_kernel(monkeypatch):
-    assert at.self_check(DEV, torch.float32) is None
+def test_start_up_check_passes_and_catches_a_broken_kernel(monkeypatch, caplog):
+    import logging
+
+    from dualpace.model.attention_check import check_backend, checked_backend
+
+    log = logging.getLogger("test")
+    assert check_backend("triton", DEV, torch.float32) is None
+    assert checked_backend("triton", DEV, torch.float32, log) == "triton"
     monkeypatch.setattr(at, "paged_decode_attention",
                         lambda q, *a, **k: paged_decode_attention_ref(q, *a[:4], 1.0))
-    assert at.self_check(DEV, torch.float32).startswith("decode differs from the reference")
+    assert check_backend("triton", DEV, torch.float32).startswith(
+        "decode differs from the reference")
 
     def boom(*a, **k):
         raise RuntimeError("no kernel image is available")
 
     monkeypatch.setattr(at, "paged_decode_attention", boom)
-    assert at.self_check(DEV, torch.float32) == "RuntimeError: no kernel image is available"
+    assert check_backend("triton", DEV, torch.float32) == \
+        "RuntimeError: no kernel image is available"
+    with caplog.at_level(logging.ERROR, logger="test"):
+        assert checked_backend("triton", DEV, torch.float32, log) == "torch"
+    assert "no kernel image is available" in caplog.text
