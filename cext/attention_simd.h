@@ -8,6 +8,20 @@
  * Tails shorter than VW (a partial last block) take the scalar loop. */
 #include <math.h>
 
+/* s[g*BS + t] = the lane sum of acc[t][g]: all TT x G dot products of a tile reduced
+ * together, VW vectors per tree. */
+static inline __attribute__((always_inline)) void store_scores(
+    VEC acc[4][16], int TT, int G, float *s, int BS) {
+    VEC flat[64];
+    float sums[64];
+    for (int t = 0; t < TT; t++)
+        for (int g = 0; g < G; g++) flat[t * G + g] = acc[t][g];
+    const int n = TT * G;
+    for (int i = 0; i < n; i += VW) vreduce_many(flat + i, n - i < VW ? n - i : VW, sums + i);
+    for (int t = 0; t < TT; t++)
+        for (int g = 0; g < G; g++) s[g * BS + t] = sums[t * G + g];
+}
+
 static inline __attribute__((always_inline)) void qk_tile(
     const float *q, const char *k, int64_t row, int dtype, int D, int G, int TT, float *s,
     int BS) {
@@ -23,15 +37,7 @@ static inline __attribute__((always_inline)) void qk_tile(
             for (int t = 0; t < TT; t++) acc[t][g] = vfma(qv, kv[t], acc[t][g]);
         }
     }
-    /* All TT x G dot products reduced together, VW vectors per tree. */
-    VEC flat[64];
-    float sums[64];
-    for (int t = 0; t < TT; t++)
-        for (int g = 0; g < G; g++) flat[t * G + g] = acc[t][g];
-    const int n = TT * G;
-    for (int i = 0; i < n; i += VW) vreduce_many(flat + i, n - i < VW ? n - i : VW, sums + i);
-    for (int t = 0; t < TT; t++)
-        for (int g = 0; g < G; g++) s[g * BS + t] = sums[t * G + g];
+    store_scores(acc, TT, G, s, BS);
 }
 
 /* Several tokens per pass: each q chunk loaded once serves TT keys. */
@@ -145,14 +151,7 @@ static inline __attribute__((always_inline)) void qk_tile_pairs(
             }
         }
     }
-    VEC flat[64];
-    float sums[64];
-    for (int t = 0; t < TT; t++)
-        for (int g = 0; g < G; g++) flat[t * G + g] = acc[t][g];
-    const int n = TT * G;
-    for (int i = 0; i < n; i += VW) vreduce_many(flat + i, n - i < VW ? n - i : VW, sums + i);
-    for (int t = 0; t < TT; t++)
-        for (int g = 0; g < G; g++) s[g * BS + t] = sums[t * G + g];
+    store_scores(acc, TT, G, s, BS);
 }
 
 static inline __attribute__((always_inline)) void prim_qk_block_pairs(
