@@ -57,10 +57,14 @@ def _run_tests(extra: list[str]) -> dict:
     return out
 
 
-def _gpu_decode() -> dict:
+def _gpu_decode(extra: list[str], timeout: float) -> dict:
     """bench/gpu_decode.py's JSON (decode and prefill per backend against the rooflines)."""
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_decode.py"), "--json"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    try:
+        proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_decode.py"), "--json",
+                               *extra], cwd=ROOT, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"gpu_decode.py did not finish within {timeout:.0f} s"}
     if proc.returncode != 0:
         return {"error": proc.stderr[-2000:]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -70,13 +74,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json-out", default="")
     ap.add_argument("--no-decode", action="store_true", help="skip bench/gpu_decode.py")
+    ap.add_argument("--decode-args", default="",
+                    help="extra gpu_decode.py arguments, e.g. '--batches 1,64 --repeats 3'")
+    ap.add_argument("--decode-timeout", type=float, default=300.0,
+                    help="seconds gpu_decode.py may take (a device call is 600 s at most)")
     ap.add_argument("pytest_args", nargs="*")
     args = ap.parse_args()
     report = {"bench": "gpu_check", "device": _device()}
     if report["device"]["cuda_available"]:
         report["tests"] = _run_tests(args.pytest_args)
         if not args.no_decode:
-            report["gpu_decode"] = _gpu_decode()
+            report["gpu_decode"] = _gpu_decode(args.decode_args.split(),
+                                               args.decode_timeout)
     ok = (report["device"]["cuda_available"] and report["tests"]["rc"] == 0
           and report["tests"]["skipped"] == 0 and report["tests"]["passed"] > 0)
     report["ok"] = bool(ok)
