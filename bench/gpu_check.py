@@ -17,6 +17,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+TESTS_TIMEOUT_S = 360  # leaves gpu_decode room inside one 600 s device call
 
 
 def _device() -> dict:
@@ -34,9 +35,17 @@ def _device() -> dict:
 def _run_tests(extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "junit.xml"
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               f"--junitxml={xml}", "tests/cuda", *extra], cwd=ROOT,
-                              capture_output=True, text=True)
+        try:
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p",
+                                   "no:cacheprovider", f"--junitxml={xml}", "tests/cuda",
+                                   *extra], cwd=ROOT, capture_output=True, text=True,
+                                  timeout=TESTS_TIMEOUT_S)
+        except subprocess.TimeoutExpired as e:
+            return {"rc": -1, "passed": 0, "failed": 0, "skipped": 0,
+                    "problems": [f"tests/cuda did not finish within {TESTS_TIMEOUT_S} s",
+                                 (e.stdout or b"")[-2000:].decode(errors="replace")
+                                 if isinstance(e.stdout, bytes) else (e.stdout or "")[-2000:]],
+                    "tail": []}
         out = {"rc": proc.returncode, "passed": 0, "failed": 0, "skipped": 0, "problems": [],
                "tail": proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []}
         if not xml.exists():
