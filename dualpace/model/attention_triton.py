@@ -33,6 +33,21 @@ def _precision(pool: torch.Tensor) -> str:
 
 
 @triton.jit
+def _online_softmax_step(s, v, m_i, l_i, acc, PRECISION: tl.constexpr):
+    """One KV tile of the online softmax: scores s [M, BS] (masked keys at -inf) and values
+    v [BS, D] folded into the running max m_i, sum l_i and output acc of M query rows. A row
+    with no key yet (all -inf: a padded row) stays at zero."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m_i - m_safe)
+    p = tl.exp(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION,
+                                        out_dtype=tl.float32)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, tables_ptr, seq_lens_ptr, part_out_ptr, part_lse_ptr,
     scale, max_blocks, blocks_per_split,
@@ -70,14 +85,8 @@ def _decode_split_kernel(
         s = tl.dot(q.to(k.dtype), tl.trans(k), input_precision=PRECISION,
                    out_dtype=tl.float32) * scale  # [GP, BS]
         s = tl.where((j * BS + t)[None, :] < seq_len, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + base + t[:, None] * s_kt + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION,
-                                            out_dtype=tl.float32)
-        m_i = m_new
+        m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, PRECISION)
 
     has = last > first
     out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -193,16 +202,9 @@ def _prefill_kernel(
         kpos = j * BS + t
         s = tl.where((kpos[None, :] <= qpos[:, None]) & (kpos[None, :] < seq_len), s,
                      float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padded rows see no key
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + base + t[:, None] * s_kt + d[None, :], mask=d_ok[None, :],
                     other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION,
-                                            out_dtype=tl.float32)
-        m_i = m_new
+        m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, PRECISION)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + (q0 + r)[:, None] * s_ot + h * s_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None] & d_ok[None, :])

@@ -7,6 +7,7 @@ A batch is a ragged list of sequences; sequence i contributes ``query_lens[i]`` 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -37,8 +38,8 @@ class ForwardBatch:
     def num_rows(self) -> int:
         return int(self.input_ids.shape[0])
 
-    @property
-    def is_decode(self) -> bool:
+    @functools.cached_property
+    def is_decode(self) -> bool:  # asked once per layer: computed once per batch
         return all(q == 1 for q in self.query_lens_list)
 
 

@@ -167,19 +167,17 @@ class StagedModel:
     def attention(self, i: int, q: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         if self.layer_hook is not None:
             self.layer_hook()
-        fn = self.decode_attention if batch.is_decode else self.prefill_attention
-        self.attention_calls[fn.__module__] = self.attention_calls.get(fn.__module__, 0) + 1
+        decode = batch.is_decode
+        fn = self.decode_attention if decode else self.prefill_attention
+        key = fn.__module__
+        self.attention_calls[key] = self.attention_calls.get(key, 0) + 1
         if getattr(fn, "wants_batch", False):  # FlashInfer: planned per batch
             out = fn(q, kv.k[i], kv.v[i], batch, self.scale)
-        elif batch.is_decode:
-            out = self.decode_attention(
-                q, kv.k[i], kv.v[i], batch.block_tables, batch.seq_lens, self.scale
-            )
+        elif decode:
+            out = fn(q, kv.k[i], kv.v[i], batch.block_tables, batch.seq_lens, self.scale)
         else:
-            out = self.prefill_attention(
-                q, kv.k[i], kv.v[i], batch.block_tables, batch.query_lens_list,
-                batch.seq_lens_list, self.scale,
-            )
+            out = fn(q, kv.k[i], kv.v[i], batch.block_tables, batch.query_lens_list,
+                     batch.seq_lens_list, self.scale)
         return out.reshape(q.shape[0], self.cfg.q_size)
 
     def post_attention(self, i: int, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:

@@ -62,7 +62,7 @@ def _check(src: torch.Tensor, dst: torch.Tensor, src_ids: list[int], dst_ids: li
             raise ValueError(f"block copy: {name} block out of range 0..{pool.shape[0] - 1}")
 
 
-def _host_copy(src: torch.Tensor, dst: torch.Tensor, src_ids: list[int],
+def host_block_copy(src: torch.Tensor, dst: torch.Tensor, src_ids: list[int],
                dst_ids: list[int]) -> None:
     """dst[dst_ids] = src[src_ids] on the host: the C kernel where it applies."""
     s_idx = torch.tensor(src_ids, dtype=torch.long)
@@ -87,33 +87,6 @@ class Fence:
         self.event = event
 
 
-class EagerCopies:
-    """Copies on a CPU "GPU": synchronous, so every fence is already passed."""
-
-    def __init__(self) -> None:
-        self.issued = 0
-
-    def to_host(self, src, dst, src_ids, dst_ids) -> None:
-        _check(src, dst, src_ids, dst_ids)
-        if src_ids:
-            _host_copy(src, dst, src_ids, dst_ids)
-            self.issued += 1
-
-    to_device = to_host
-
-    def fence(self) -> Fence:
-        return Fence(self.issued)
-
-    def compute_waits(self, fence: Fence) -> None:
-        pass
-
-    def wait(self, fence: Fence) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-
 class DeferredCopies:
     """The copy stream's stand-in on CPU: copies land in issue order, only when a fence that
     covers them is waited on (host or compute) or on ``synchronize``; each reads its source
@@ -130,7 +103,7 @@ class DeferredCopies:
             return
         self.issued += 1
         ids = (list(src_ids), list(dst_ids))
-        self._queue.append((self.issued, lambda: _host_copy(src, dst, *ids)))
+        self._queue.append((self.issued, lambda: host_block_copy(src, dst, *ids)))
 
     to_device = to_host
 
@@ -154,6 +127,17 @@ class DeferredCopies:
     @property
     def pending(self) -> int:
         return len(self._queue)
+
+
+class EagerCopies(DeferredCopies):
+    """Copies on a CPU "GPU": each lands as it is issued, so every fence is already passed
+    and waiting on one finds nothing queued."""
+
+    def to_host(self, src, dst, src_ids, dst_ids) -> None:
+        super().to_host(src, dst, src_ids, dst_ids)
+        self.synchronize()
+
+    to_device = to_host
 
 
 class CudaCopies:

@@ -69,13 +69,17 @@ class PaddedDecodeInputs:
         self.logits_indices = torch.arange(max_rows, dtype=torch.int64, device=device)
         self.pad_all()
 
+    def pad(self, lo: int, hi: int) -> None:
+        """Rows lo..hi become padding rows."""
+        self.input_ids[lo:hi] = 0
+        self.positions[lo:hi] = 0
+        self.slot_mapping[lo:hi] = self.scratch_block * self.block_size
+        self.block_tables[lo:hi] = 0
+        self.block_tables[lo:hi, 0] = self.scratch_block
+        self.seq_lens[lo:hi] = 1
+
     def pad_all(self) -> None:
-        self.input_ids.zero_()
-        self.positions.zero_()
-        self.slot_mapping.fill_(self.scratch_block * self.block_size)
-        self.block_tables.zero_()
-        self.block_tables[:, 0] = self.scratch_block
-        self.seq_lens.fill_(1)
+        self.pad(0, self.max_rows)
 
     def view(self, rows: int) -> ForwardBatch:
         """The first ``rows`` rows as a decode batch (what a graph of that size captured)."""
@@ -101,12 +105,7 @@ class PaddedDecodeInputs:
         self.block_tables[:b, width:] = 0
         self.seq_lens[:b].copy_(fb.seq_lens, non_blocking=True)
         # Rows b..bucket may hold an earlier, larger batch's rows: make them padding again.
-        self.input_ids[b:bucket] = 0
-        self.positions[b:bucket] = 0
-        self.slot_mapping[b:bucket] = self.scratch_block * self.block_size
-        self.block_tables[b:bucket] = 0
-        self.block_tables[b:bucket, 0] = self.scratch_block
-        self.seq_lens[b:bucket] = 1
+        self.pad(b, bucket)
         return self.view(bucket)
 
 

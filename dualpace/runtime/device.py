@@ -9,6 +9,8 @@ import time
 
 import torch
 
+from dualpace.runtime.copies import host_block_copy
+
 
 class DeviceInterval:
     """The device execution time of the work issued between ``start`` and ``stop``: CUDA
@@ -53,14 +55,11 @@ class DeviceOps:
         behind the forward that wrote the source blocks."""
         if not src_ids:
             return
+        if pool.device.type == "cpu":
+            host_block_copy(pool, pool, src_ids, dst_ids)
+            return
         s_idx = torch.tensor(src_ids, dtype=torch.long, device=pool.device)
         d_idx = torch.tensor(dst_ids, dtype=torch.long, device=pool.device)
-        if pool.device.type == "cpu" and pool.is_contiguous():
-            from dualpace.kernels import cpu
-
-            if cpu.available():
-                cpu.copy_blocks(pool, pool, s_idx, d_idx)
-                return
         pool.index_copy_(0, d_idx, pool.index_select(0, s_idx))
 
     def record_event(self):

@@ -105,23 +105,34 @@ class SlowCopies(CudaCopies):
             torch.cuda._sleep(SLOW // 10)
 
 
+def _interleave(ref, gpu, seed: int, check=None) -> None:
+    """Eight random steps of six requests through both workers (tokens compared by
+    _Engine); ``check()`` after each step."""
+    eng = _Engine([ref, gpu])
+    rng = random.Random(seed)
+    for _ in range(6):
+        eng.add([rng.randrange(VOCAB) for _ in range(rng.randint(3, 14))])
+    for _ in range(8):
+        eng.step(rng)
+        if check is not None:
+            check()
+
+
 def test_interleaved_migrations_on_cuda_equal_a_cpu_worker(models):
     torch.backends.cuda.matmul.allow_tf32 = False
     cpu_model, cuda_model = models
     ref, gpu = _worker(cpu_model, EagerCopies()), _worker(cuda_model, SlowCopies(DEV))
     for region in gpu.host_regions:
         assert register_host(region[0] + region[1])
-    eng = _Engine([ref, gpu])
-    rng = random.Random(3)
-    for _ in range(6):
-        eng.add([rng.randrange(VOCAB) for _ in range(rng.randint(3, 14))])
-    for _ in range(8):
-        eng.step(rng)
+
+    def same_kv():
         for i in range(cpu_model.cfg.num_layers):
             (rk, rv), (gk, gv) = ref.host_regions[0], gpu.host_regions[0]
             torch.testing.assert_close(gk[i], rk[i], atol=1e-4, rtol=1e-4)
             torch.testing.assert_close(gv[i], rv[i], atol=1e-4, rtol=1e-4)
             torch.testing.assert_close(gpu.kv.k[i].cpu(), ref.kv.k[i], atol=1e-4, rtol=1e-4)
+
+    _interleave(ref, gpu, 3, same_kv)
 
 
 def test_seeded_noise_is_the_same_bits_on_cpu_and_cuda():
@@ -167,12 +178,7 @@ def test_decode_replayed_from_cuda_graphs_equals_eager(llama_checkpoint, models,
     ref, gpu = _worker(models[0], EagerCopies()), _worker(triton_model, CudaCopies(DEV),
                                                           (per_stage,))
     assert isinstance(gpu.graphs.graphs[1][0], torch.cuda.CUDAGraph)
-    eng = _Engine([ref, gpu])
-    rng = random.Random(5)
-    for _ in range(6):
-        eng.add([rng.randrange(VOCAB) for _ in range(rng.randint(3, 14))])
-    for _ in range(8):
-        eng.step(rng)
+    _interleave(ref, gpu, 5)
     (rk, _), (gk, _) = ref.host_regions[0], gpu.host_regions[0]
     for i in range(cfg.num_layers):
         torch.testing.assert_close(gk[i], rk[i], atol=1e-4, rtol=1e-4)
