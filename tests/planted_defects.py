@@ -267,8 +267,8 @@ PLANTS = [
           ("tests/model/test_attention_triton.py",)),
     Plant("worker-ignores-attention-backend", "the GPU worker builds its model with the "
           "default attention whatever was configured", "dualpace/runtime/worker_main.py",
-          "                                attention_backend=cfg.attention_backend)",
-          "                                )",
+          "                                attention_backend=cfg.attention_backend,\n",
+          "",
           ("tests/model/test_attention_triton.py::test_served_by_a_gpu_worker_on_triton",)),
     Plant("replay-skips-swap-fences", "a decode step replayed from graphs does not wait for "
           "the step's swaps", "dualpace/runtime/gpu_worker.py",
@@ -276,8 +276,8 @@ PLANTS = [
           "            if False:", ("tests/runtime/test_async_copies.py",)),
     Plant("graph-padding-writes-block-0", "padding rows of a replayed batch write KV into "
           "block 0", "dualpace/runtime/decode_graphs.py",
-          "        self.slot_mapping[b:bucket] = self.scratch_block * self.block_size",
-          "        self.slot_mapping[b:bucket] = 0",
+          "        self.slot_mapping[lo:hi] = self.scratch_block * self.block_size",
+          "        self.slot_mapping[lo:hi] = 0",
           ("tests/runtime/test_decode_graphs.py",)),
     Plant("threads-ignore-the-other-tier", "shared cores: a worker takes every core even "
           "while the other tier works", "dualpace/runtime/thread_share.py",
@@ -300,6 +300,36 @@ PLANTS = [
           ("tests/model/test_attention_flashinfer.py",
            "tests/model/test_attention_triton.py::"
            "test_start_up_check_passes_and_catches_a_broken_kernel")),
+    Plant("gpu-decode-counts-the-embedding", "the GPU decode roofline counts the embedding "
+          "table as read every step", "bench/gpu_decode.py",
+          "    return (cfg.num_layers * per_layer + cfg.vocab_size * h) * itemsize",
+          "    return (cfg.num_layers * per_layer + 2 * cfg.vocab_size * h) * itemsize",
+          ("tests/bench/test_gpu_decode.py",)),
+    Plant("graphs-ignore-enforce-eager", "--enforce-eager still captures CUDA graphs",
+          "dualpace/resolved.py", ' and backend == "triton" and not config.enforce_eager,',
+          ' and backend == "triton",', ("tests/test_resolved_config.py",)),
+    Plant("copy-runs-merge-gaps", "non-consecutive blocks are DMA'd as one run",
+          "dualpace/runtime/copies.py", "        if runs and runs[-1][1] + runs[-1][2] == b:",
+          "        if runs:", ("tests/runtime/test_async_copies.py",)),
+    Plant("copy-lengths-unchecked", "a block copy with more sources than destinations is "
+          "accepted", "dualpace/runtime/copies.py",
+          "    if len(src_ids) != len(dst_ids):", "    if False:",
+          ("tests/runtime/test_async_copies.py",)),
+    Plant("stand-in-lands-everything", "the copy stand-in lands every queued copy on any "
+          "wait (it would hide a fence placed too early)", "dualpace/runtime/copies.py",
+          "        while self._queue and self._queue[0][0] <= upto:",
+          "        while self._queue:", ("tests/runtime/test_async_copies.py",)),
+    Plant("kv-blocks-take-largest", "the GPU group's KV pool is the largest rank's report",
+          "dualpace/runtime/supervisor.py",
+          "        self.config = msgspec.structs.replace(self.config, gpu_kv_blocks=min(reported))",
+          "        self.config = msgspec.structs.replace(self.config, gpu_kv_blocks=max(reported))",
+          ("tests/runtime/test_gpu_memory.py",)),
+    Plant("graphs-miss-max-num-seqs", "no decode graph holds a full batch of max_num_seqs",
+          "dualpace/runtime/decode_graphs.py", "    sizes.add(max_num_seqs)\n", "",
+          ("tests/runtime/test_decode_graphs.py",)),
+    Plant("triton-auto-any-block-size", "auto picks Triton for blocks its tiles cannot take",
+          "dualpace/resolved.py", "and have and block_size >= 16", "and have",
+          ("tests/test_resolved_config.py",)),
     Plant("ready-before-copies-landed", "a step reports requests ready with host copies in "
           "flight", "dualpace/runtime/gpu_worker.py",
           "        self.copies.synchronize()\n        self.gate.drain()",
