@@ -107,3 +107,12 @@ double dp_stream_read_avx2(const float *buf, int64_t n) {
 
 #define LINEAR_FN dp_linear_avx2
 #include "linear_body.h"
+
+static inline __attribute__((always_inline)) VEC vsilu(VEC g) {
+    const __m256 e = exp8(_mm256_or_ps(g, _mm256_set1_ps(-0.f)));  /* exp(-|g|) */
+    const __m256 neg = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ);
+    return _mm256_div_ps(_mm256_blendv_ps(g, _mm256_mul_ps(g, e), neg),
+                         _mm256_add_ps(_mm256_set1_ps(1.f), e));
+}
+#define SILU_MUL_FN dp_silu_mul_avx2
+#include "layer_body.h"

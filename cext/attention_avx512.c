@@ -75,3 +75,11 @@ static inline __attribute__((always_inline)) void vreduce_many(const VEC *v, int
 
 #define LINEAR_FN dp_linear_avx512
 #include "linear_body.h"
+
+static inline __attribute__((always_inline)) VEC vsilu(VEC g) {
+    const __m512 e = exp16(_mm512_or_ps(g, _mm512_set1_ps(-0.f)));  /* exp(-|g|) */
+    const __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+    return _mm512_div_ps(_mm512_mask_mul_ps(g, neg, g, e), _mm512_add_ps(_mm512_set1_ps(1.f), e));
+}
+#define SILU_MUL_FN dp_silu_mul_avx512
+#include "layer_body.h"

@@ -56,3 +56,10 @@ static inline VEC vfma(VEC a, VEC b, VEC c) { return a * b + c; }
 static inline float vreduce_add(VEC v) { return v; }
 #define LINEAR_FN dp_linear_scalar
 #include "linear_body.h"
+
+static inline void vstoreu(float *p, VEC v) { *p = v; }
+static inline VEC vmul(VEC a, VEC b) { return a * b; }
+static float silu1(float g);
+static inline VEC vsilu(VEC g) { return silu1(g); }
+#define SILU_MUL_FN dp_silu_mul_scalar
+#include "layer_body.h"

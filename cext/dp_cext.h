@@ -34,6 +34,43 @@ int dp_paged_decode_attention(
 int dp_linear(const float *x, int M, int K, const void *w, int w_dtype, int N,
               const float *bias, float *out, int isa, int num_threads);
 
+/* One decoder layer's dense stages for decode-sized batches (layer.c). Weights are the
+ * packed tensors of model/weights.py (W [N, K] row-major, w_dtype); norms and biases fp32,
+ * NULL when the model has none. cos/sin: the RoPE tables [max_positions, head_dim] fp32. */
+typedef struct {
+    int hidden, num_heads, num_kv_heads, head_dim, intermediate, max_positions, w_dtype;
+    float eps;
+    const float *cos, *sin;
+} dp_layer_dims;
+
+typedef struct {
+    const float *input_norm;
+    const void *qkv; const float *qkv_bias;
+    const float *q_norm, *k_norm;
+    const void *o; const float *o_bias;
+    const float *post_norm;
+    const void *gate_up, *down;
+} dp_layer_weights;
+
+/* Pre-attention: hidden [T, hidden] -> q_out [T, num_heads, head_dim], this step's K/V
+ * written at slots of the HND cache (kv_dtype). scratch: T * (hidden + qkv width) floats.
+ * 0, or -3 (a position outside the RoPE table) / -4 (a slot outside the cache) before
+ * anything is written. */
+int dp_layer_pre(const dp_layer_dims *m, const dp_layer_weights *w, const float *hidden, int T,
+                 const int64_t *positions, const int64_t *slots, void *k_cache, void *v_cache,
+                 int kv_dtype, int64_t num_blocks, int BS, float *q_out, float *scratch,
+                 int isa, int num_threads);
+
+/* Post-attention: hidden_out [T, hidden] = the layer's output for hidden and attn
+ * [T, num_heads * head_dim]. scratch: T * (2 * hidden + 3 * intermediate) floats. */
+int dp_layer_post(const dp_layer_dims *m, const dp_layer_weights *w, const float *hidden,
+                  const float *attn, int T, float *hidden_out, float *scratch, int isa,
+                  int num_threads);
+
+/* out [T, N] = RMSNorm(x [T, K]) @ W[N, K]^T. scratch: T * K floats. */
+int dp_norm_linear(const float *x, int T, int K, const float *norm, float eps, const void *w,
+                   int w_dtype, int N, float *out, float *scratch, int isa, int num_threads);
+
 /* Write T tokens' K/V ([T, Hkv, D], same dtype as the cache) at flat slots of one layer. */
 int dp_kv_append(void *k_cache, void *v_cache, const void *k, const void *v,
                  const int64_t *slots, int T, int Hkv, int BS, int D, int elem_size,

@@ -25,6 +25,12 @@ from dualpace.kv.cache import KVCache, write_kv
 from dualpace.model.attention_ref import paged_decode_attention_ref, ragged_paged_attention
 from dualpace.model.batch import ForwardBatch
 from dualpace.model.config import ModelConfig
+from dualpace.model.native_stages import (
+    NATIVE_MAX_ROWS,
+    NativeStages,
+    native_stages_enabled,
+    why_not_native,
+)
 from dualpace.model.rope import RotaryEmbedding
 from dualpace.model.weights import ModelWeights
 
@@ -128,14 +134,26 @@ class StagedModel:
         self.layer_hook: Callable[[], object] | None = None
         self.linear = default_linear(self.device, self.dtype)
         self.all_reduce = all_reduce or (lambda t: t)
+        # Decode-sized batches on CPU run each dense stage as one C call (native_stages.py);
+        # why_native says why not when they cannot.
+        self.why_native = (why_not_native(cfg, weights, all_reduce is not None)
+                           if native_stages_enabled() else "DUALPACE_NATIVE_STAGES=0")
+        self.native = (NativeStages(cfg, weights, self.rope.cos, self.rope.sin)
+                       if self.why_native is None else None)
 
     # --- stages --------------------------------------------------------------------------
     def pre_layer(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.w.embed)
 
+    def _native_for(self, rows: int) -> NativeStages | None:
+        return self.native if rows <= NATIVE_MAX_ROWS else None
+
     def pre_attention(
         self, i: int, hidden: torch.Tensor, batch: ForwardBatch, kv: KVCache
     ) -> torch.Tensor:
+        native = self._native_for(hidden.shape[0])
+        if native is not None:
+            return native.pre(i, hidden, batch.positions, batch.slot_mapping, kv.k[i], kv.v[i])
         q, k, v = self.qkv(i, hidden, batch.positions)
         self.append_kv(i, k, v, batch, kv)
         return q
@@ -181,6 +199,9 @@ class StagedModel:
         return out.reshape(q.shape[0], self.cfg.q_size)
 
     def post_attention(self, i: int, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        native = self._native_for(hidden.shape[0])
+        if native is not None:
+            return native.post(i, hidden, attn)
         cfg, lw = self.cfg, self.w.layers[i]
         o = self.all_reduce(self.linear(attn, lw.o, None))
         hidden = hidden + (o if lw.o_bias is None else o + lw.o_bias)
@@ -190,6 +211,9 @@ class StagedModel:
 
     def post_layer(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head on the sampling rows; logits in fp32."""
+        native = self._native_for(hidden_rows.shape[0])
+        if native is not None:
+            return native.final(hidden_rows)
         x = rms_norm(hidden_rows, self.w.final_norm, self.cfg.rms_norm_eps)
         return self.linear(x, self.w.lm_head, None).float()
 

@@ -1,0 +1,189 @@
+/* The dense stages of one decoder layer for decode-sized batches, each stage one call
+ * (paper §2.1, Fig. 2; issue 14 item 2):
+ *
+ *   dp_layer_pre   RMSNorm, packed QKV (+ bias), q/k norm, RoPE, KV append   -> q
+ *   dp_layer_post  O proj (+ bias) + residual, RMSNorm, packed gate/up, SiLU * up,
+ *                  down proj + residual                                       -> hidden
+ *   dp_norm_linear RMSNorm then one projection (the final norm + LM head)
+ *
+ * Each call is one OpenMP region whose phases are separated by barriers; every projection
+ * goes through the weight-streaming linear of linear_body.h with W's rows split over the
+ * threads, so a decode step costs three calls a layer (these two and attention) instead of
+ * two dozen torch dispatches. Activations are fp32; weights fp32, bf16 or fp16. The order of
+ * every operation is transformers' (RMSNorm: x * rsqrt(mean(x^2) + eps), then * weight;
+ * RoPE: x * cos + rotate_half(x) * sin; SiLU: g / (1 + exp(-g))), so results agree with the
+ * torch stages to rounding. Every index is checked before anything is written. */
+#include <math.h>
+#include <omp.h>
+#include "dp_internal.h"
+
+typedef void (*dp_linear_fn)(const float *, int, int, const void *, int, int, const float *,
+                             float *, int, int);
+typedef void (*dp_silu_mul_fn)(const float *, const float *, float *, int);
+
+void dp_linear_scalar(const float *, int, int, const void *, int, int, const float *, float *,
+                      int, int);
+void dp_linear_avx2(const float *, int, int, const void *, int, int, const float *, float *,
+                    int, int);
+void dp_linear_avx512(const float *, int, int, const void *, int, int, const float *, float *,
+                      int, int);
+void dp_silu_mul_scalar(const float *, const float *, float *, int);
+void dp_silu_mul_avx2(const float *, const float *, float *, int);
+void dp_silu_mul_avx512(const float *, const float *, float *, int);
+
+typedef struct { dp_linear_fn linear; dp_silu_mul_fn silu_mul; } isa_fns;
+
+static int pick(int isa, isa_fns *f) {
+    switch (isa) {
+    case DP_ISA_SCALAR: f->linear = dp_linear_scalar; f->silu_mul = dp_silu_mul_scalar; return 0;
+    case DP_ISA_AVX2: f->linear = dp_linear_avx2; f->silu_mul = dp_silu_mul_avx2; return 0;
+    case DP_ISA_AVX512: f->linear = dp_linear_avx512; f->silu_mul = dp_silu_mul_avx512; return 0;
+    default: return -1;
+    }
+}
+
+/* Thread t's share [lo, hi) of n outputs, in tiles of 4 (the linear's register tile). */
+static void share(int n, int t, int T, int *lo, int *hi) {
+    const int tiles = (n + 3) / 4;
+    *lo = (int)((int64_t)tiles * t / T) * 4;
+    *hi = (int)((int64_t)tiles * (t + 1) / T) * 4;
+    if (*hi > n) *hi = n;
+}
+
+/* out = x * rsqrt(mean(x^2) + eps) * w, the sum of squares in double. */
+static void rms_norm_row(const float *x, const float *w, float eps, int n, float *out) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    const float r = 1.f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
+}
+
+/* NeoX half rotation of one head in place, cos/sin rows of the position. */
+static void rope_head(float *x, const float *cos, const float *sin, int D) {
+    const int h = D / 2;
+    for (int i = 0; i < h; i++) {
+        const float a = x[i], b = x[i + h];
+        x[i] = a * cos[i] + (-b) * sin[i];
+        x[i + h] = b * cos[i + h] + a * sin[i + h];
+    }
+}
+
+int dp_layer_pre(const dp_layer_dims *m, const dp_layer_weights *w, const float *hidden, int T,
+                 const int64_t *positions, const int64_t *slots, void *k_cache, void *v_cache,
+                 int kv_dtype, int64_t num_blocks, int BS, float *q_out, float *scratch,
+                 int isa, int num_threads) {
+    isa_fns f;
+    if (pick(isa, &f)) return -1;
+    const int H = m->hidden, Hq = m->num_heads, Hkv = m->num_kv_heads, D = m->head_dim;
+    if (T <= 0 || H % 16 || D % 2 || BS <= 0 || num_blocks <= 0) return -2;
+    for (int r = 0; r < T; r++) {
+        if (positions[r] < 0 || positions[r] >= m->max_positions) return -3;
+        if (slots[r] < 0 || slots[r] >= num_blocks * BS) return -4;
+    }
+    const int N = (Hq + 2 * Hkv) * D;
+    float *x = scratch, *qkv = scratch + (int64_t)T * H;
+    const int nt = num_threads > 0 ? num_threads : 1;
+#pragma omp parallel num_threads(nt)
+    {
+        const int t = omp_get_thread_num(), nth = omp_get_num_threads();
+        int lo, hi;
+        for (int r = t; r < T; r += nth)
+            rms_norm_row(hidden + (int64_t)r * H, w->input_norm, m->eps, H, x + (int64_t)r * H);
+#pragma omp barrier
+        share(N, t, nth, &lo, &hi);
+        if (lo < hi) f.linear(x, T, H, w->qkv, m->w_dtype, N, w->qkv_bias, qkv, lo, hi);
+#pragma omp barrier
+        /* one (row, head) per item: q heads into q_out, k and v heads into their slot */
+        const int heads = Hq + Hkv;
+        for (int64_t it = t; it < (int64_t)T * heads; it += nth) {
+            const int r = (int)(it / heads), h = (int)(it % heads);
+            const float *cos = m->cos + positions[r] * D, *sin = m->sin + positions[r] * D;
+            float *row = qkv + (int64_t)r * N;
+            if (h < Hq) {
+                float *q = q_out + ((int64_t)r * Hq + h) * D;
+                if (w->q_norm) rms_norm_row(row + h * D, w->q_norm, m->eps, D, q);
+                else memcpy(q, row + h * D, sizeof(float) * D);
+                rope_head(q, cos, sin, D);
+            } else {
+                const int kh = h - Hq;
+                float *k = row + (Hq + kh) * D;
+                const float *v = row + (Hq + Hkv + kh) * D;
+                if (w->k_norm) rms_norm_row(k, w->k_norm, m->eps, D, k);
+                rope_head(k, cos, sin, D);
+                const int64_t block = slots[r] / BS, off = slots[r] % BS;
+                const int64_t at = ((block * Hkv + kh) * BS + off) * D;
+                for (int d = 0; d < D; d++) {
+                    dp_store_elem(k_cache, kv_dtype, at + d, k[d]);
+                    dp_store_elem(v_cache, kv_dtype, at + d, v[d]);
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+int dp_layer_post(const dp_layer_dims *m, const dp_layer_weights *w, const float *hidden,
+                  const float *attn, int T, float *hidden_out, float *scratch, int isa,
+                  int num_threads) {
+    isa_fns f;
+    if (pick(isa, &f)) return -1;
+    const int H = m->hidden, Q = m->num_heads * m->head_dim, I = m->intermediate;
+    if (T <= 0 || H % 16 || Q % 16 || I % 16) return -2;
+    float *o = scratch, *x = o + (int64_t)T * H, *gu = x + (int64_t)T * H;
+    float *act = gu + (int64_t)T * 2 * I;
+    const int nt = num_threads > 0 ? num_threads : 1;
+#pragma omp parallel num_threads(nt)
+    {
+        const int t = omp_get_thread_num(), nth = omp_get_num_threads();
+        int lo, hi;
+        share(H, t, nth, &lo, &hi);
+        if (lo < hi) {
+            f.linear(attn, T, Q, w->o, m->w_dtype, H, w->o_bias, o, lo, hi);
+            for (int r = 0; r < T; r++)
+                for (int n = lo; n < hi; n++)
+                    hidden_out[(int64_t)r * H + n] = hidden[(int64_t)r * H + n] + o[(int64_t)r * H + n];
+        }
+#pragma omp barrier
+        for (int r = t; r < T; r += nth)
+            rms_norm_row(hidden_out + (int64_t)r * H, w->post_norm, m->eps, H, x + (int64_t)r * H);
+#pragma omp barrier
+        /* gate rows [lo, hi) and the matching up rows [I + lo, I + hi): this thread's slice
+         * of the activation needs nothing another thread computes */
+        share(I, t, nth, &lo, &hi);
+        if (lo < hi) {
+            f.linear(x, T, H, w->gate_up, m->w_dtype, 2 * I, NULL, gu, lo, hi);
+            f.linear(x, T, H, w->gate_up, m->w_dtype, 2 * I, NULL, gu, I + lo, I + hi);
+            for (int r = 0; r < T; r++)
+                f.silu_mul(gu + (int64_t)r * 2 * I + lo, gu + (int64_t)r * 2 * I + I + lo,
+                           act + (int64_t)r * I + lo, hi - lo);
+        }
+#pragma omp barrier
+        share(H, t, nth, &lo, &hi);
+        if (lo < hi) {
+            f.linear(act, T, I, w->down, m->w_dtype, H, NULL, o, lo, hi);
+            for (int r = 0; r < T; r++)
+                for (int n = lo; n < hi; n++)
+                    hidden_out[(int64_t)r * H + n] += o[(int64_t)r * H + n];
+        }
+    }
+    return 0;
+}
+
+int dp_norm_linear(const float *x, int T, int K, const float *norm, float eps, const void *w,
+                   int w_dtype, int N, float *out, float *scratch, int isa, int num_threads) {
+    isa_fns f;
+    if (pick(isa, &f)) return -1;
+    if (T <= 0 || K % 16 || N <= 0) return -2;
+    const int nt = num_threads > 0 ? num_threads : 1;
+#pragma omp parallel num_threads(nt)
+    {
+        const int t = omp_get_thread_num(), nth = omp_get_num_threads();
+        int lo, hi;
+        for (int r = t; r < T; r += nth)
+            rms_norm_row(x + (int64_t)r * K, norm, eps, K, scratch + (int64_t)r * K);
+#pragma omp barrier
+        share(N, t, nth, &lo, &hi);
+        if (lo < hi) f.linear(scratch, T, K, w, w_dtype, N, NULL, out, lo, hi);
+    }
+    return 0;
+}

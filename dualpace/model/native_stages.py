@@ -1,0 +1,167 @@
+"""The dense stages of a decode step as one native call each (cext/layer.c; §2.1, Fig. 2).
+
+``StagedModel`` runs pre-attention, post-attention and the final norm + LM head through
+here on CPU when the batch is decode-sized, so a layer costs three C calls (these two and
+the paged attention) instead of two dozen torch dispatches: at batch 1 on a small model the
+Python between kernels cost as much as the weights' DRAM reads (issue 14 item 2).
+
+The stage boundaries stay where they are, so Dense Assist (§4.2) still hands
+(hidden, attn) or the sampling rows to the GPU between any two calls, and the thread count
+may change between them (runtime/thread_share.py). Sampling stays in torch: it is one or two
+vector ops on the logits and carries the seeded, top-k/top-p and logprob paths.
+
+Used only where it computes exactly what the torch stages compute up to rounding: CPU,
+fp32 activations, no tensor-parallel all-reduce, and projection widths that are multiples of
+16. ``DUALPACE_NATIVE_STAGES=0`` turns it off (the torch stages then run everywhere).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from dualpace.kernels import cpu as cpu_kernels
+from dualpace.model.config import ModelConfig
+from dualpace.model.weights import ModelWeights
+
+# Above this many rows (prefill chunks) torch's GEMM beats the weight-streaming kernel.
+NATIVE_MAX_ROWS = 128
+
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_ERRORS = {-3: "positions: a position is outside the RoPE table",
+           -4: "slot_mapping: a slot is outside the KV cache"}
+
+
+def native_stages_enabled() -> bool:
+    flag = os.environ.get("DUALPACE_NATIVE_STAGES", "1").strip().lower()
+    if flag not in ("0", "1", "false", "true", "off", "on", ""):
+        raise ValueError(f"DUALPACE_NATIVE_STAGES: expected 0 or 1, got {flag!r}")
+    return flag in ("1", "true", "on", "")
+
+
+def why_not_native(cfg: ModelConfig, weights: ModelWeights, has_all_reduce: bool) -> str | None:
+    """None when the native stages can serve this model, else the reason they cannot."""
+    if not cpu_kernels.available():
+        return "the C kernels are not built"
+    if weights.embed.device.type != "cpu":
+        return "not a CPU model"
+    if weights.embed.dtype != torch.float32:
+        return f"compute dtype {weights.embed.dtype} (native stages are fp32)"
+    if has_all_reduce:
+        return "tensor parallel (the all-reduces sit inside the stages)"
+    for name, n in (("hidden size", cfg.hidden_size), ("q width", cfg.q_size),
+                    ("intermediate size", cfg.intermediate_size)):
+        if n % 16:
+            return f"{name} {n} is not a multiple of 16"
+    if cfg.head_dim % 2:
+        return f"odd head_dim {cfg.head_dim}"
+    return None
+
+
+def _ptr(ffi, t: torch.Tensor | None, ctype: str = "float *"):
+    return ffi.NULL if t is None else ffi.cast(ctype, t.data_ptr())
+
+
+def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.float().contiguous()
+
+
+class NativeStages:
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, cos: torch.Tensor,
+                 sin: torch.Tensor):
+        """``cfg`` and ``weights``: this rank's model (see ``why_not_native``); cos/sin: the
+        RoPE tables [max_positions, head_dim] of model/rope.py."""
+        self.ffi, self.lib = cpu_kernels.require()
+        ffi = self.ffi
+        self.cfg = cfg
+        # Everything C points at is kept alive here for the model's life.
+        self._keep: list[torch.Tensor] = [cos.float().contiguous(), sin.float().contiguous()]
+        m = ffi.new("dp_layer_dims *")
+        m.hidden, m.num_heads, m.num_kv_heads = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads
+        m.head_dim, m.intermediate = cfg.head_dim, cfg.intermediate_size
+        m.max_positions = cos.shape[0]
+        m.w_dtype = _DTYPE_CODES[weights.layers[0].qkv.dtype]
+        m.eps = cfg.rms_norm_eps
+        m.cos, m.sin = _ptr(ffi, self._keep[0]), _ptr(ffi, self._keep[1])
+        self.dims = m
+        self.layers = []
+        for lw in weights.layers:
+            s = ffi.new("dp_layer_weights *")
+            for field, t, ctype in (
+                ("input_norm", _f32(lw.input_norm), "float *"),
+                ("qkv", lw.qkv.contiguous(), "void *"),
+                ("qkv_bias", _f32(lw.qkv_bias), "float *"),
+                ("q_norm", _f32(lw.q_norm), "float *"),
+                ("k_norm", _f32(lw.k_norm), "float *"),
+                ("o", lw.o.contiguous(), "void *"),
+                ("o_bias", _f32(lw.o_bias), "float *"),
+                ("post_norm", _f32(lw.post_norm), "float *"),
+                ("gate_up", lw.gate_up.contiguous(), "void *"),
+                ("down", lw.down.contiguous(), "void *"),
+            ):
+                if t is not None:
+                    self._keep.append(t)
+                setattr(s, field, _ptr(ffi, t, ctype))
+            self.layers.append(s)
+        self.final_norm = _f32(weights.final_norm)
+        self.lm_head = weights.lm_head.contiguous()
+        self._keep += [self.final_norm, self.lm_head]
+        self._scratch = torch.empty(0, dtype=torch.float32)
+
+    def _scratch_for(self, floats: int) -> torch.Tensor:
+        if self._scratch.numel() < floats:
+            self._scratch = torch.empty(floats, dtype=torch.float32)
+        return self._scratch
+
+    def pre(self, i: int, hidden: torch.Tensor, positions: torch.Tensor,
+            slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """RMSNorm, packed QKV, q/k norm, RoPE, KV append -> q [T, Hq, D]."""
+        cfg, ffi = self.cfg, self.ffi
+        T = hidden.shape[0]
+        nb, hkv, bs, d = k_cache.shape
+        if (hkv, d) != (cfg.num_kv_heads, cfg.head_dim) or v_cache.shape != k_cache.shape:
+            raise ValueError(f"KV cache shape {tuple(k_cache.shape)} does not match the model")
+        hidden = hidden.contiguous()
+        positions, slots = positions.contiguous(), slots.contiguous()
+        q = torch.empty(T, cfg.num_heads, cfg.head_dim, dtype=torch.float32)
+        scratch = self._scratch_for(T * (cfg.hidden_size + cfg.q_size + 2 * cfg.kv_size))
+        rc = self.lib.dp_layer_pre(
+            self.dims, self.layers[i], _ptr(ffi, hidden), T,
+            _ptr(ffi, positions, "int64_t *"), _ptr(ffi, slots, "int64_t *"),
+            _ptr(ffi, k_cache, "void *"), _ptr(ffi, v_cache, "void *"),
+            _DTYPE_CODES[k_cache.dtype], nb, bs, _ptr(ffi, q), _ptr(ffi, scratch),
+            cpu_kernels.ISAS[cpu_kernels.resolve_isa()], cpu_kernels.num_threads())
+        if rc:
+            raise ValueError(_ERRORS.get(rc, f"dp_layer_pre failed with code {rc}"))
+        return q
+
+    def post(self, i: int, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """O proj + residual, RMSNorm, gate/up, SiLU * up, down + residual -> hidden."""
+        cfg, ffi = self.cfg, self.ffi
+        T = hidden.shape[0]
+        hidden, attn = hidden.contiguous(), attn.contiguous()
+        out = torch.empty_like(hidden)
+        scratch = self._scratch_for(T * (2 * cfg.hidden_size + 3 * cfg.intermediate_size))
+        rc = self.lib.dp_layer_post(
+            self.dims, self.layers[i], _ptr(ffi, hidden), _ptr(ffi, attn), T, _ptr(ffi, out),
+            _ptr(ffi, scratch), cpu_kernels.ISAS[cpu_kernels.resolve_isa()],
+            cpu_kernels.num_threads())
+        if rc:
+            raise ValueError(f"dp_layer_post failed with code {rc}")
+        return out
+
+    def final(self, hidden_rows: torch.Tensor) -> torch.Tensor:
+        """Final RMSNorm + LM head -> fp32 logits [T, V]."""
+        ffi = self.ffi
+        T, H = hidden_rows.shape
+        hidden_rows = hidden_rows.contiguous()
+        out = torch.empty(T, self.lm_head.shape[0], dtype=torch.float32)
+        rc = self.lib.dp_norm_linear(
+            _ptr(ffi, hidden_rows), T, H, _ptr(ffi, self.final_norm), self.cfg.rms_norm_eps,
+            _ptr(ffi, self.lm_head, "void *"), _DTYPE_CODES[self.lm_head.dtype],
+            self.lm_head.shape[0], _ptr(ffi, out), _ptr(ffi, self._scratch_for(T * H)),
+            cpu_kernels.ISAS[cpu_kernels.resolve_isa()], cpu_kernels.num_threads())
+        if rc:
+            raise ValueError(f"dp_norm_linear failed with code {rc}")
+        return out

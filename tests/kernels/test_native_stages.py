@@ -1,0 +1,159 @@
+"""The native dense stages (cext/layer.c via model/native_stages.py) against the torch stages
+of the same model, on every ISA path this CPU has, for Llama (GQA, llama3 RoPE), Qwen3
+(q/k norm, tied head) and Qwen2 (QKV bias) checkpoints, with fp32, bf16 and fp16 KV."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from dualpace.kernels import cpu as cpu_kernels
+from dualpace.kv.cache import KVCache
+from dualpace.model import native_stages
+from dualpace.model.config import load_model_config
+from dualpace.model.native_stages import NATIVE_MAX_ROWS, why_not_native
+from dualpace.model.stages import StagedModel
+from dualpace.model.weights import load_weights
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="cext not built")
+
+ISAS = cpu_kernels.supported_isas() if cpu_kernels.available() else []
+KV_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(scope="module")
+def models(hf_checkpoint, monkeypatch_module):
+    """(native model, torch-stages model) over the same weights."""
+    _, path, _ = hf_checkpoint
+    cfg = load_model_config(path)
+    w = load_weights(path, cfg, torch.float32)
+    native = StagedModel(cfg, w, 512)
+    monkeypatch_module.setenv("DUALPACE_NATIVE_STAGES", "0")
+    plain = StagedModel(cfg, w, 512)
+    monkeypatch_module.delenv("DUALPACE_NATIVE_STAGES")
+    assert native.native is not None and plain.native is None
+    return cfg, native, plain
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+@pytest.fixture(params=ISAS)
+def isa(request, monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "_default_isa", request.param)
+    return request.param
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-5) -> None:
+    scale = b.abs().max().item() + 1e-6
+    assert (a - b).abs().max().item() <= rtol * scale * 10, (a - b).abs().max()
+
+
+def _kv(cfg, dtype, blocks=8, bs=16):
+    return KVCache(cfg.num_layers, blocks, cfg.num_kv_heads, bs, cfg.head_dim, dtype)
+
+
+@pytest.mark.parametrize("rows", [1, 7])
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES, ids=str)
+def test_pre_attention_matches_torch_stages(models, isa, rows, kv_dtype):
+    cfg, native, plain = models
+    g = torch.Generator().manual_seed(rows)
+    hidden = torch.randn(rows, cfg.hidden_size, generator=g)
+    positions = torch.randint(0, 500, (rows,), generator=g)
+    slots = torch.randperm(8 * 16, generator=g)[:rows]
+    kv_n, kv_t = _kv(cfg, kv_dtype), _kv(cfg, kv_dtype)
+    for layer in range(cfg.num_layers):
+        q_n = native.native.pre(layer, hidden, positions, slots, kv_n.k[layer], kv_n.v[layer])
+        q, k, v = plain.qkv(layer, hidden, positions)
+        plain.append_kv(layer, k, v, type("B", (), {"slot_mapping": slots}), kv_t)
+        assert q_n.shape == q.shape
+        _close(q_n, q)
+        # K/V rounded to a 16-bit cache may land one unit apart when fp32 differs by a hair
+        tol = 1e-5 if kv_dtype == torch.float32 else 1e-2
+        _close(kv_n.k[layer].float(), kv_t.k[layer].float(), tol)
+        _close(kv_n.v[layer].float(), kv_t.v[layer].float(), tol)
+        untouched = torch.ones(8 * 16, dtype=torch.bool)
+        untouched[slots] = False
+        flat = kv_n.k[layer].permute(0, 2, 1, 3).reshape(8 * 16, -1)
+        assert not flat[untouched].any(), "a slot not in slot_mapping was written"
+
+
+@pytest.mark.parametrize("rows", [1, 3, 17])
+def test_post_attention_and_final_match_torch_stages(models, isa, rows):
+    cfg, native, plain = models
+    g = torch.Generator().manual_seed(100 + rows)
+    hidden = torch.randn(rows, cfg.hidden_size, generator=g)
+    attn = torch.randn(rows, cfg.q_size, generator=g)
+    for layer in range(cfg.num_layers):
+        out = native.post_attention(layer, hidden, attn)
+        _close(out, plain.post_attention(layer, hidden, attn))
+    hidden_before = hidden.clone()
+    _close(native.post_layer(hidden), plain.post_layer(hidden))
+    assert torch.equal(hidden, hidden_before), "the stages must not write their inputs"
+
+
+def test_silu_over_its_whole_range(models, isa, monkeypatch):
+    """Gates driven to +-hundreds (exp's overflow side) agree with torch's SiLU; with 5
+    threads the slices of the intermediate width are not multiples of the vector width, so
+    the scalar tail runs too."""
+    cfg, native, plain = models
+    monkeypatch.setattr(cpu_kernels, "_threads_override", 5)
+    lw = plain.w.layers[0]
+    big = dataclasses.replace(lw, gate_up=lw.gate_up * 300.0)
+    weights = dataclasses.replace(plain.w, layers=[big, *plain.w.layers[1:]])
+    nat = native_stages.NativeStages(cfg, weights, native.rope.cos, native.rope.sin)
+    plain_big = StagedModel.__new__(StagedModel)
+    plain_big.__dict__.update(plain.__dict__)
+    plain_big.w = weights
+    g = torch.Generator().manual_seed(7)
+    hidden = torch.randn(2, cfg.hidden_size, generator=g)
+    attn = torch.randn(2, cfg.q_size, generator=g)
+    _close(nat.post(0, hidden, attn), plain_big.post_attention(0, hidden, attn))
+
+
+@pytest.mark.parametrize("bad", ["position", "slot"])
+def test_bad_index_is_an_error_and_writes_nothing(models, bad):
+    cfg, native, _ = models
+    kv = _kv(cfg, torch.float32)
+    hidden = torch.randn(2, cfg.hidden_size)
+    positions = torch.tensor([3, 4])
+    slots = torch.tensor([5, 6])
+    if bad == "position":
+        positions[1] = native.rope.max_positions
+    else:
+        slots[1] = 8 * 16
+    with pytest.raises(ValueError, match="positions" if bad == "position" else "slot_mapping"):
+        native.native.pre(0, hidden, positions, slots, kv.k[0], kv.v[0])
+    assert not kv.k[0].any() and not kv.v[0].any()
+
+
+def test_prefill_sized_batches_take_the_torch_stages(models, monkeypatch):
+    cfg, native, plain = models
+
+    def refuse(*a, **k):
+        raise AssertionError("native stage called for a prefill-sized batch")
+
+    monkeypatch.setattr(native.native, "post", refuse)
+    hidden = torch.randn(NATIVE_MAX_ROWS + 1, cfg.hidden_size)
+    attn = torch.randn(NATIVE_MAX_ROWS + 1, cfg.q_size)
+    _close(native.post_attention(0, hidden, attn), plain.post_attention(0, hidden, attn))
+
+
+def test_why_not_native(models, monkeypatch):
+    cfg, _, plain = models
+    w = plain.w
+    assert why_not_native(cfg, w, False) is None
+    assert "tensor parallel" in why_not_native(cfg, w, True)
+    bf16 = dataclasses.replace(w, embed=w.embed.bfloat16())
+    assert "dtype" in why_not_native(cfg, bf16, False)
+    odd = dataclasses.replace(cfg, intermediate_size=cfg.intermediate_size + 8)
+    assert "intermediate size" in why_not_native(odd, w, False)
+    monkeypatch.setenv("DUALPACE_NATIVE_STAGES", "maybe")
+    with pytest.raises(ValueError, match="DUALPACE_NATIVE_STAGES"):
+        native_stages.native_stages_enabled()
