@@ -29,6 +29,9 @@ from dualpace.model.weights import ModelWeights
 NATIVE_MAX_ROWS = 128
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_ATTENTION_ERRORS = {-3: "seq_lens: a length is outside [1, max_blocks * block_size]",
+                     -4: "block_tables: a block id in use is outside the KV cache",
+                     -5: "paged attention: out of memory for scratch"}
 _ERRORS = {-3: "positions: a position is outside the RoPE table",
            -4: "slot_mapping: a slot is outside the KV cache"}
 
@@ -135,6 +138,37 @@ class NativeStages:
         if rc:
             raise ValueError(_ERRORS.get(rc, f"dp_layer_pre failed with code {rc}"))
         return q
+
+    def decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                         scale: float) -> torch.Tensor:
+        """``cpu_kernels.paged_decode_attention`` without its full validation each layer (20
+        of a call's 50 us at batch 1): the checks here are attribute reads, anything unusual
+        takes the validating wrapper, and the C kernel still checks every length and block id
+        it dereferences."""
+        ffi = self.ffi
+        B = q.shape[0]
+        if (q.dtype != torch.float32 or q.dim() != 3 or not q.is_contiguous()
+                or q.shape[1:] != (self.cfg.num_heads, k_cache.shape[-1])
+                or k_cache.dtype != v_cache.dtype or k_cache.shape != v_cache.shape
+                or not k_cache.is_contiguous() or not v_cache.is_contiguous()
+                or block_tables.dtype != torch.int32 or seq_lens.dtype != torch.int32
+                or not block_tables.is_contiguous() or not seq_lens.is_contiguous()
+                or block_tables.shape[0] != B or seq_lens.shape[0] != B
+                or block_tables.shape[1] == 0):
+            return cpu_kernels.paged_decode_attention(q, k_cache, v_cache, block_tables,
+                                                      seq_lens, scale)
+        nb, hkv, bs, d = k_cache.shape
+        out = torch.empty_like(q)
+        rc = self.lib.dp_paged_decode_attention(
+            _ptr(ffi, q, "void *"), 0, _ptr(ffi, k_cache, "void *"), _ptr(ffi, v_cache, "void *"),
+            _DTYPE_CODES[k_cache.dtype], _ptr(ffi, block_tables, "int32_t *"),
+            block_tables.shape[1], _ptr(ffi, seq_lens, "int32_t *"), _ptr(ffi, out, "void *"),
+            B, self.cfg.num_heads, hkv, d, bs, nb, float(scale),
+            cpu_kernels.ISAS[cpu_kernels.resolve_isa()], cpu_kernels.num_threads())
+        if rc:
+            raise ValueError(_ATTENTION_ERRORS.get(rc, f"paged attention failed with code {rc}"))
+        return out
 
     def post(self, i: int, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """O proj + residual, RMSNorm, gate/up, SiLU * up, down + residual -> hidden."""

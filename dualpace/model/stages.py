@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from dualpace.kernels.cpu import paged_decode_attention as _CEXT_DECODE
 from dualpace.kv.cache import KVCache, write_kv
 from dualpace.model.attention_ref import paged_decode_attention_ref, ragged_paged_attention
 from dualpace.model.batch import ForwardBatch
@@ -191,6 +192,9 @@ class StagedModel:
         self.attention_calls[key] = self.attention_calls.get(key, 0) + 1
         if getattr(fn, "wants_batch", False):  # FlashInfer: planned per batch
             out = fn(q, kv.k[i], kv.v[i], batch, self.scale)
+        elif decode and fn is _CEXT_DECODE and self._native_for(q.shape[0]) is not None:
+            out = self.native.decode_attention(q, kv.k[i], kv.v[i], batch.block_tables,
+                                               batch.seq_lens, self.scale)
         elif decode:
             out = fn(q, kv.k[i], kv.v[i], batch.block_tables, batch.seq_lens, self.scale)
         else:

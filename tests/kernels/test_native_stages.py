@@ -157,3 +157,29 @@ def test_why_not_native(models, monkeypatch):
     monkeypatch.setenv("DUALPACE_NATIVE_STAGES", "maybe")
     with pytest.raises(ValueError, match="DUALPACE_NATIVE_STAGES"):
         native_stages.native_stages_enabled()
+
+
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES, ids=str)
+def test_decode_attention_matches_the_validating_kernel(models, isa, kv_dtype):
+    cfg, native, _ = models
+    g = torch.Generator().manual_seed(3)
+    kv = _kv(cfg, kv_dtype, blocks=12)
+    kv.k[0].copy_(torch.randn(kv.k[0].shape, generator=g))
+    kv.v[0].copy_(torch.randn(kv.v[0].shape, generator=g))
+    q = torch.randn(3, cfg.num_heads, cfg.head_dim, generator=g)
+    tables = torch.tensor([[5, 2, 9, 0], [11, 0, 0, 0], [1, 3, 7, 4]], dtype=torch.int32)
+    lens = torch.tensor([40, 3, 64], dtype=torch.int32)
+    want = cpu_kernels.paged_decode_attention(q, kv.k[0], kv.v[0], tables, lens, 0.3)
+    got = native.native.decode_attention(q, kv.k[0], kv.v[0], tables, lens, 0.3)
+    assert torch.equal(got, want)
+    # anything unusual (a non-contiguous q) takes the validating wrapper and its error
+    q_t = q.transpose(0, 1).contiguous().transpose(0, 1)
+    with pytest.raises(ValueError, match="q: must be contiguous"):
+        native.native.decode_attention(q_t, kv.k[0], kv.v[0], tables, lens, 0.3)
+    bad = tables.clone()
+    bad[1, 0] = 12
+    with pytest.raises(ValueError, match="block_tables"):
+        native.native.decode_attention(q, kv.k[0], kv.v[0], bad, lens, 0.3)
+    with pytest.raises(ValueError, match="seq_lens"):
+        native.native.decode_attention(q, kv.k[0], kv.v[0], tables,
+                                       torch.tensor([40, 3, 65], dtype=torch.int32), 0.3)
