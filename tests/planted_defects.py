@@ -334,7 +334,32 @@ PLANTS = [
           "flight", "dualpace/runtime/gpu_worker.py",
           "        self.copies.synchronize()\n        self.gate.drain()",
           "        self.gate.drain()", ("tests/runtime/test_async_copies.py",)),
+    Plant("native-rope-sign", "the native pre-attention rotates the first half the wrong way",
+          "cext/layer.c", "x[i] = a * cos[i] + (-b) * sin[i];", "x[i] = a * cos[i] + b * sin[i];",
+          ("tests/kernels/test_native_stages.py::test_pre_attention_matches_torch_stages",)),
+    Plant("native-down-residual-dropped", "the native post-attention drops the MLP's residual",
+          "cext/layer.c", "hidden_out[(int64_t)r * H + n] += o[(int64_t)r * H + n];",
+          "hidden_out[(int64_t)r * H + n] = o[(int64_t)r * H + n];",
+          ("tests/kernels/test_native_stages.py::test_post_attention_and_final_match_torch_stages",)),
+    Plant("native-silu-negative-side", "the vector SiLU takes g / (1 + exp(-|g|)) for negative "
+          "gates too", "cext/attention_avx512.c", "_mm512_mask_mul_ps(g, neg, g, e)", "g",
+          ("tests/kernels/test_native_stages.py::test_silu_over_its_whole_range",)),
+    Plant("native-position-unchecked", "the native pre-attention reads RoPE rows past the table",
+          "cext/layer.c",
+          "        if (positions[r] < 0 || positions[r] >= m->max_positions) return -3;\n", "",
+          ("tests/kernels/test_native_stages.py::test_bad_index_is_an_error_and_writes_nothing",)),
+    Plant("native-for-prefill-chunks", "prefill-sized batches take the weight-streaming stages",
+          "dualpace/model/stages.py",
+          "return self.native if rows <= NATIVE_MAX_ROWS else None", "return self.native",
+          ("tests/kernels/test_native_stages.py::test_prefill_sized_batches_take_the_torch_stages",)),
 ]
+
+
+def _build_cext() -> None:
+    """A plant in the C sources is a plant only once the module is rebuilt (and so is its
+    removal)."""
+    subprocess.run([sys.executable, "cext/build.py"], cwd=ROOT, check=True,
+                   capture_output=True)
 
 
 def run(plant: Plant) -> dict:
@@ -345,11 +370,15 @@ def run(plant: Plant) -> dict:
     t0 = time.monotonic()
     try:
         path.write_text(original.replace(plant.old, plant.new))
+        if plant.file.startswith("cext/"):
+            _build_cext()
         proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p",
                                "no:cacheprovider", *plant.tests], cwd=ROOT,
                               capture_output=True, text=True, timeout=900)
     finally:
         path.write_text(original)
+        if plant.file.startswith("cext/"):
+            _build_cext()
     tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-200:]
     return {"id": plant.id, "caught": proc.returncode == 1, "rc": proc.returncode,
             "summary": tail, "seconds": round(time.monotonic() - t0, 1)}
