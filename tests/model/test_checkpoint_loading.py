@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from dualpace.errors import CheckpointError
 from dualpace.model.config import load_model_config
-from dualpace.model.weights import load_weights
+from dualpace.model.weights import iter_weight_bytes, load_weights
 
 
 @pytest.fixture
@@ -128,3 +128,14 @@ def test_tied_embeddings_share_one_tensor(hf_checkpoint):
     w = load_weights(path, cfg, torch.float32)
     assert (w.lm_head is w.embed) == (kind == "qwen3")
     assert cfg.qk_norm == (kind == "qwen3") and cfg.qkv_bias == (kind == "qwen2")
+
+
+def test_decode_step_weight_bytes(hf_checkpoint):
+    """The roofline's numerator: the parameters a decode step reads, i.e. every parameter
+    but an untied embedding table (transformers counts it; a step reads B of its rows)."""
+    kind, path, hf = hf_checkpoint
+    w = load_weights(path, load_model_config(path), torch.float32)
+    params = sum(p.numel() for p in hf.parameters())  # tied: the shared tensor once
+    embed = hf.model.embed_tokens.weight.numel()
+    tied = hf.lm_head.weight is hf.model.embed_tokens.weight
+    assert sum(iter_weight_bytes(w)) == 4 * (params if tied else params - embed), kind
