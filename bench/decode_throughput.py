@@ -5,7 +5,9 @@
 For each batch size B: B prompts of --prompt-len tokens are prefilled, then --steps greedy
 decode steps are timed (batch build, all stages, sampling). transformers runs batched
 ``generate`` on the same weights; its prefill time (measured with one new token) is
-subtracted. The roofline is B tokens per (weight bytes / measured DRAM read bandwidth).
+subtracted. The roofline is B tokens per (weight bytes a step streams / measured DRAM read
+bandwidth); ``overhead_ms_per_step`` is a step's time beyond that (attention, the stages'
+compute beyond the weight reads, Python, sampling).
 """
 
 from __future__ import annotations
@@ -106,9 +108,13 @@ def main() -> None:
     for b in (int(x) for x in args.batch_sizes.split(",")):
         ours = ours_tokens_per_s(model, cfg, b, args.prompt_len, args.steps, args.repeats)
         roof = b * bw / weight_bytes
+        # A step makes b tokens: its time against the weight-streaming roofline's.
+        step, roof_step = b / ours, weight_bytes / bw
         row = {"batch": b, "ours_tokens_per_s": round(ours, 1),
                "roofline_tokens_per_s": round(roof, 1),
-               "ours_vs_roofline": round(ours / roof, 3)}
+               "ours_vs_roofline": round(ours / roof, 3),
+               "step_ms": round(step * 1e3, 2), "roofline_step_ms": round(roof_step * 1e3, 2),
+               "overhead_ms_per_step": round((step - roof_step) * 1e3, 2)}
         if not args.no_hf:
             hf = hf_tokens_per_s(path, b, args.prompt_len, args.steps, args.repeats)
             row.update({"transformers_tokens_per_s": round(hf, 1),
