@@ -26,6 +26,17 @@ void dp_attn_item_avx2(const dp_attn_args *, int, int, int, int, float *, float 
 void dp_attn_item_avx512(const dp_attn_args *, int, int, int, int, float *, float *, float *,
                          float *);
 
+/* The decode linear's per-ISA bodies (linear_body.h): out rows [n_lo, n_hi) of
+ * x[M,K] @ W[N,K]^T + bias; drivers in linear.c and layer.c split the rows over threads. */
+typedef void (*dp_linear_fn)(const float *, int, int, const void *, int, int, const float *,
+                             float *, int, int);
+void dp_linear_scalar(const float *, int, int, const void *, int, int, const float *, float *,
+                      int, int);
+void dp_linear_avx2(const float *, int, int, const void *, int, int, const float *, float *,
+                    int, int);
+void dp_linear_avx512(const float *, int, int, const void *, int, int, const float *, float *,
+                      int, int);
+
 static inline float dp_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f;
 }

@@ -17,16 +17,8 @@
 #include <omp.h>
 #include "dp_internal.h"
 
-typedef void (*dp_linear_fn)(const float *, int, int, const void *, int, int, const float *,
-                             float *, int, int);
 typedef void (*dp_silu_mul_fn)(const float *, const float *, float *, int);
 
-void dp_linear_scalar(const float *, int, int, const void *, int, int, const float *, float *,
-                      int, int);
-void dp_linear_avx2(const float *, int, int, const void *, int, int, const float *, float *,
-                    int, int);
-void dp_linear_avx512(const float *, int, int, const void *, int, int, const float *, float *,
-                      int, int);
 void dp_silu_mul_scalar(const float *, const float *, float *, int);
 void dp_silu_mul_avx2(const float *, const float *, float *, int);
 void dp_silu_mul_avx512(const float *, const float *, float *, int);

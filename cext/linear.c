@@ -2,15 +2,6 @@
 #include <omp.h>
 #include "dp_internal.h"
 
-typedef void (*dp_linear_fn)(const float *, int, int, const void *, int, int, const float *,
-                             float *, int, int);
-void dp_linear_scalar(const float *, int, int, const void *, int, int, const float *, float *,
-                      int, int);
-void dp_linear_avx2(const float *, int, int, const void *, int, int, const float *, float *,
-                    int, int);
-void dp_linear_avx512(const float *, int, int, const void *, int, int, const float *, float *,
-                      int, int);
-
 int dp_linear(const float *x, int M, int K, const void *w, int w_dtype, int N,
               const float *bias, float *out, int isa, int num_threads) {
     dp_linear_fn fn = isa == DP_ISA_AVX512 ? dp_linear_avx512
