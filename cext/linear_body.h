@@ -34,8 +34,11 @@ static inline __attribute__((always_inline)) void lin_tile(
             out[(int64_t)i * N + n0 + j] = vreduce_add(acc[i][j]) + (bias ? bias[n0 + j] : 0.f);
 }
 
-void LINEAR_FN(const float *x, int M, int K, const void *w, int wdt, int N,
-               const float *bias, float *out, int n_lo, int n_hi) {
+/* The row loop for one weight dtype: a constant wdt lets the compiler drop the dtype switch
+ * from the inner loops of every tile variant (it does not unswitch them all by itself). */
+static inline __attribute__((always_inline)) void lin_rows(
+    const float *x, int M, int K, const void *w, const int wdt, int N, const float *bias,
+    float *out, int n_lo, int n_hi) {
     const int esz = dp_elem_size(wdt);
     for (int n = n_lo; n < n_hi; n += NR) {
         const int nr = n_hi - n < NR ? n_hi - n : NR;
@@ -58,6 +61,14 @@ void LINEAR_FN(const float *x, int M, int K, const void *w, int wdt, int N,
                 lin_tile(xp, K, mr, wp, wdt, nr, bias, op, N, n, NULL);
             }
         }
+    }
+}
+void LINEAR_FN(const float *x, int M, int K, const void *w, int wdt, int N,
+               const float *bias, float *out, int n_lo, int n_hi) {
+    switch (wdt) {
+    case DP_BF16: lin_rows(x, M, K, w, DP_BF16, N, bias, out, n_lo, n_hi); break;
+    case DP_F16: lin_rows(x, M, K, w, DP_F16, N, bias, out, n_lo, n_hi); break;
+    default: lin_rows(x, M, K, w, DP_F32, N, bias, out, n_lo, n_hi); break;
     }
 }
 #undef MR
