@@ -36,6 +36,18 @@ void dp_linear_avx2(const float *, int, int, const void *, int, int, const float
                     int, int);
 void dp_linear_avx512(const float *, int, int, const void *, int, int, const float *, float *,
                       int, int);
+static inline dp_linear_fn dp_linear_for(int isa) {
+    return isa == DP_ISA_AVX512 ? dp_linear_avx512 : isa == DP_ISA_AVX2 ? dp_linear_avx2
+         : isa == DP_ISA_SCALAR ? dp_linear_scalar : NULL;
+}
+/* Thread t's share [lo, hi) of n output rows, in whole 4-row tiles (the linear's register
+ * tile), contiguous per thread. */
+static inline void dp_row_share(int n, int t, int T, int *lo, int *hi) {
+    const int tiles = (n + 3) / 4;
+    *lo = (int)((int64_t)tiles * t / T) * 4;
+    *hi = (int)((int64_t)tiles * (t + 1) / T) * 4;
+    if (*hi > n) *hi = n;
+}
 
 static inline float dp_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f;

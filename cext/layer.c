@@ -26,20 +26,10 @@ void dp_silu_mul_avx512(const float *, const float *, float *, int);
 typedef struct { dp_linear_fn linear; dp_silu_mul_fn silu_mul; } isa_fns;
 
 static int pick(int isa, isa_fns *f) {
-    switch (isa) {
-    case DP_ISA_SCALAR: f->linear = dp_linear_scalar; f->silu_mul = dp_silu_mul_scalar; return 0;
-    case DP_ISA_AVX2: f->linear = dp_linear_avx2; f->silu_mul = dp_silu_mul_avx2; return 0;
-    case DP_ISA_AVX512: f->linear = dp_linear_avx512; f->silu_mul = dp_silu_mul_avx512; return 0;
-    default: return -1;
-    }
-}
-
-/* Thread t's share [lo, hi) of n outputs, in tiles of 4 (the linear's register tile). */
-static void share(int n, int t, int T, int *lo, int *hi) {
-    const int tiles = (n + 3) / 4;
-    *lo = (int)((int64_t)tiles * t / T) * 4;
-    *hi = (int)((int64_t)tiles * (t + 1) / T) * 4;
-    if (*hi > n) *hi = n;
+    f->linear = dp_linear_for(isa);
+    f->silu_mul = isa == DP_ISA_AVX512 ? dp_silu_mul_avx512 : isa == DP_ISA_AVX2
+                ? dp_silu_mul_avx2 : dp_silu_mul_scalar;
+    return f->linear ? 0 : -1;
 }
 
 /* out = x * rsqrt(mean(x^2) + eps) * w, the sum of squares in double. */
@@ -82,7 +72,7 @@ int dp_layer_pre(const dp_layer_dims *m, const dp_layer_weights *w, const float 
         for (int r = t; r < T; r += nth)
             rms_norm_row(hidden + (int64_t)r * H, w->input_norm, m->eps, H, x + (int64_t)r * H);
 #pragma omp barrier
-        share(N, t, nth, &lo, &hi);
+        dp_row_share(N, t, nth, &lo, &hi);
         if (lo < hi) f.linear(x, T, H, w->qkv, m->w_dtype, N, w->qkv_bias, qkv, lo, hi);
 #pragma omp barrier
         /* one (row, head) per item: q heads into q_out, k and v heads into their slot */
@@ -128,7 +118,7 @@ int dp_layer_post(const dp_layer_dims *m, const dp_layer_weights *w, const float
     {
         const int t = omp_get_thread_num(), nth = omp_get_num_threads();
         int lo, hi;
-        share(H, t, nth, &lo, &hi);
+        dp_row_share(H, t, nth, &lo, &hi);
         if (lo < hi) {
             f.linear(attn, T, Q, w->o, m->w_dtype, H, w->o_bias, o, lo, hi);
             for (int r = 0; r < T; r++)
@@ -141,7 +131,7 @@ int dp_layer_post(const dp_layer_dims *m, const dp_layer_weights *w, const float
 #pragma omp barrier
         /* gate rows [lo, hi) and the matching up rows [I + lo, I + hi): this thread's slice
          * of the activation needs nothing another thread computes */
-        share(I, t, nth, &lo, &hi);
+        dp_row_share(I, t, nth, &lo, &hi);
         if (lo < hi) {
             f.linear(x, T, H, w->gate_up, m->w_dtype, 2 * I, NULL, gu, lo, hi);
             f.linear(x, T, H, w->gate_up, m->w_dtype, 2 * I, NULL, gu, I + lo, I + hi);
@@ -150,7 +140,7 @@ int dp_layer_post(const dp_layer_dims *m, const dp_layer_weights *w, const float
                            act + (int64_t)r * I + lo, hi - lo);
         }
 #pragma omp barrier
-        share(H, t, nth, &lo, &hi);
+        dp_row_share(H, t, nth, &lo, &hi);
         if (lo < hi) {
             f.linear(act, T, I, w->down, m->w_dtype, H, NULL, o, lo, hi);
             for (int r = 0; r < T; r++)
@@ -174,7 +164,7 @@ int dp_norm_linear(const float *x, int T, int K, const float *norm, float eps, c
         for (int r = t; r < T; r += nth)
             rms_norm_row(x + (int64_t)r * K, norm, eps, K, scratch + (int64_t)r * K);
 #pragma omp barrier
-        share(N, t, nth, &lo, &hi);
+        dp_row_share(N, t, nth, &lo, &hi);
         if (lo < hi) f.linear(scratch, T, K, w, w_dtype, N, NULL, out, lo, hi);
     }
     return 0;

@@ -352,6 +352,32 @@ PLANTS = [
           "dualpace/model/stages.py",
           "return self.native if rows <= NATIVE_MAX_ROWS else None", "return self.native",
           ("tests/kernels/test_native_stages.py::test_prefill_sized_batches_take_the_torch_stages",)),
+    Plant("native-attention-trusts-strided-q", "the native attention call hands a strided q "
+          "to the kernel unchecked", "dualpace/model/native_stages.py",
+          "        if (q.dtype != torch.float32 or q.dim() != 3 or not q.is_contiguous()",
+          "        if (q.dtype != torch.float32 or q.dim() != 3",
+          ("tests/kernels/test_native_stages.py::test_decode_attention_matches_the_validating_kernel",)),
+    Plant("roofline-counts-the-embedding", "the decode roofline counts the untied embedding "
+          "table a step never streams", "dualpace/model/weights.py",
+          "    tensors = [weights.final_norm, weights.lm_head]",
+          "    tensors = [weights.embed, weights.final_norm, weights.lm_head]",
+          ("tests/model/test_checkpoint_loading.py::test_decode_step_weight_bytes",)),
+    Plant("native-under-tp", "the native stages serve a tensor-parallel rank (they would skip "
+          "its all-reduces)", "dualpace/model/native_stages.py",
+          "    if has_all_reduce:\n", "    if False:\n",
+          ("tests/kernels/test_native_stages.py::test_why_not_native",)),
+    Plant("linear-accepts-ragged-k", "the decode linear takes an in-width the kernel cannot "
+          "(and returns uninitialized rows)", "dualpace/kernels/cpu.py",
+          "    if K % 16 or M == 0 or N == 0:", "    if M == 0 or N == 0:",
+          ("tests/kernels/test_linear.py::test_linear_rejects_bad_shapes",)),
+    Plant("linear-drops-bias", "the decode linear ignores its bias", "cext/linear_body.h",
+          "vreduce_add(acc[i][j]) + (bias ? bias[n0 + j] : 0.f)", "vreduce_add(acc[i][j])",
+          ("tests/kernels/test_linear.py",)),
+    Plant("attention-q-rounded-to-bf16", "the attention kernel rounds fp32 queries to bf16",
+          "cext/attention_body.h", "        qf[i] = x;\n",
+          "        qf[i] = dp_bf16_to_f32(dp_f32_to_bf16(x));\n",
+          ("tests/kernels/test_paged_attention.py::"
+           "test_fp32_queries_over_bf16_kv_keep_fp32_precision",)),
 ]
 
 

@@ -28,10 +28,7 @@ from dualpace.model.weights import ModelWeights
 # Above this many rows (prefill chunks) torch's GEMM beats the weight-streaming kernel.
 NATIVE_MAX_ROWS = 128
 
-_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-_ATTENTION_ERRORS = {-3: "seq_lens: a length is outside [1, max_blocks * block_size]",
-                     -4: "block_tables: a block id in use is outside the KV cache",
-                     -5: "paged attention: out of memory for scratch"}
+_DTYPE_CODES = cpu_kernels.DTYPE_CODES
 _ERRORS = {-3: "positions: a position is outside the RoPE table",
            -4: "slot_mapping: a slot is outside the KV cache"}
 
@@ -64,6 +61,10 @@ def why_not_native(cfg: ModelConfig, weights: ModelWeights, has_all_reduce: bool
 
 def _ptr(ffi, t: torch.Tensor | None, ctype: str = "float *"):
     return ffi.NULL if t is None else ffi.cast(ctype, t.data_ptr())
+
+
+def _isa_code() -> int:
+    return cpu_kernels.ISAS[cpu_kernels.resolve_isa()]
 
 
 def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -134,7 +135,7 @@ class NativeStages:
             _ptr(ffi, positions, "int64_t *"), _ptr(ffi, slots, "int64_t *"),
             _ptr(ffi, k_cache, "void *"), _ptr(ffi, v_cache, "void *"),
             _DTYPE_CODES[k_cache.dtype], nb, bs, _ptr(ffi, q), _ptr(ffi, scratch),
-            cpu_kernels.ISAS[cpu_kernels.resolve_isa()], cpu_kernels.num_threads())
+            _isa_code(), cpu_kernels.num_threads())
         if rc:
             raise ValueError(_ERRORS.get(rc, f"dp_layer_pre failed with code {rc}"))
         return q
@@ -142,11 +143,9 @@ class NativeStages:
     def decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          block_tables: torch.Tensor, seq_lens: torch.Tensor,
                          scale: float) -> torch.Tensor:
-        """``cpu_kernels.paged_decode_attention`` without its full validation each layer (20
-        of a call's 50 us at batch 1): the checks here are attribute reads, anything unusual
-        takes the validating wrapper, and the C kernel still checks every length and block id
-        it dereferences."""
-        ffi = self.ffi
+        """The C paged attention for q from ``pre`` and the model's caches, without the
+        wrapper's full validation each layer: the checks here are attribute reads, and
+        anything unusual takes the validating wrapper (``decode_attention`` of stages.py)."""
         B = q.shape[0]
         if (q.dtype != torch.float32 or q.dim() != 3 or not q.is_contiguous()
                 or q.shape[1:] != (self.cfg.num_heads, k_cache.shape[-1])
@@ -158,17 +157,8 @@ class NativeStages:
                 or block_tables.shape[1] == 0):
             return cpu_kernels.paged_decode_attention(q, k_cache, v_cache, block_tables,
                                                       seq_lens, scale)
-        nb, hkv, bs, d = k_cache.shape
-        out = torch.empty_like(q)
-        rc = self.lib.dp_paged_decode_attention(
-            _ptr(ffi, q, "void *"), 0, _ptr(ffi, k_cache, "void *"), _ptr(ffi, v_cache, "void *"),
-            _DTYPE_CODES[k_cache.dtype], _ptr(ffi, block_tables, "int32_t *"),
-            block_tables.shape[1], _ptr(ffi, seq_lens, "int32_t *"), _ptr(ffi, out, "void *"),
-            B, self.cfg.num_heads, hkv, d, bs, nb, float(scale),
-            cpu_kernels.ISAS[cpu_kernels.resolve_isa()], cpu_kernels.num_threads())
-        if rc:
-            raise ValueError(_ATTENTION_ERRORS.get(rc, f"paged attention failed with code {rc}"))
-        return out
+        return cpu_kernels.paged_decode_attention_checked(q, k_cache, v_cache, block_tables,
+                                                          seq_lens, scale)
 
     def post(self, i: int, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """O proj + residual, RMSNorm, gate/up, SiLU * up, down + residual -> hidden."""
@@ -179,7 +169,7 @@ class NativeStages:
         scratch = self._scratch_for(T * (2 * cfg.hidden_size + 3 * cfg.intermediate_size))
         rc = self.lib.dp_layer_post(
             self.dims, self.layers[i], _ptr(ffi, hidden), _ptr(ffi, attn), T, _ptr(ffi, out),
-            _ptr(ffi, scratch), cpu_kernels.ISAS[cpu_kernels.resolve_isa()],
+            _ptr(ffi, scratch), _isa_code(),
             cpu_kernels.num_threads())
         if rc:
             raise ValueError(f"dp_layer_post failed with code {rc}")
@@ -195,7 +185,7 @@ class NativeStages:
             _ptr(ffi, hidden_rows), T, H, _ptr(ffi, self.final_norm), self.cfg.rms_norm_eps,
             _ptr(ffi, self.lm_head, "void *"), _DTYPE_CODES[self.lm_head.dtype],
             self.lm_head.shape[0], _ptr(ffi, out), _ptr(ffi, self._scratch_for(T * H)),
-            cpu_kernels.ISAS[cpu_kernels.resolve_isa()], cpu_kernels.num_threads())
+            _isa_code(), cpu_kernels.num_threads())
         if rc:
             raise ValueError(f"dp_norm_linear failed with code {rc}")
         return out

@@ -141,6 +141,8 @@ class StagedModel:
                            if native_stages_enabled() else "DUALPACE_NATIVE_STAGES=0")
         self.native = (NativeStages(cfg, weights, self.rope.cos, self.rope.sin)
                        if self.why_native is None else None)
+        if self.native is not None and self.decode_attention is _CEXT_DECODE:
+            self.decode_attention = self.native.decode_attention
 
     # --- stages --------------------------------------------------------------------------
     def pre_layer(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -192,9 +194,6 @@ class StagedModel:
         self.attention_calls[key] = self.attention_calls.get(key, 0) + 1
         if getattr(fn, "wants_batch", False):  # FlashInfer: planned per batch
             out = fn(q, kv.k[i], kv.v[i], batch, self.scale)
-        elif decode and fn is _CEXT_DECODE and self._native_for(q.shape[0]) is not None:
-            out = self.native.decode_attention(q, kv.k[i], kv.v[i], batch.block_tables,
-                                               batch.seq_lens, self.scale)
         elif decode:
             out = fn(q, kv.k[i], kv.v[i], batch.block_tables, batch.seq_lens, self.scale)
         else:

@@ -212,8 +212,8 @@ def iter_weight_bytes(weights: ModelWeights) -> Iterator[int]:
     """Bytes of every distinct weight tensor a decode step streams (the weight-streaming
     roofline's numerator): all but the embedding table, of which a step reads only its
     tokens' rows, unless it is tied to the LM head (then it is the LM head, read whole)."""
-    seen: set[int] = {id(weights.embed)} if weights.embed is not weights.lm_head else set()
-    tensors = [weights.final_norm, weights.lm_head]
+    seen: set[int] = set()
+    tensors = [weights.final_norm, weights.lm_head]  # tied: lm_head is the embedding
     for layer in weights.layers:
         tensors += [t for t in vars(layer).values() if t is not None]
     for t in tensors:

@@ -91,6 +91,9 @@ class WorkerProcess:
             decisions = DecisionLog(seg["tpctl"].buf, 0, TPControlLayout(),
                                     [wake(i) for i in spec.follower_wake_indices])
         self.worker = self._build(host, regions, channels, decisions)
+        model = self.worker.model
+        log.info("%s worker rank %d: native decode stages %s", spec.kind, spec.rank,
+                 "on" if model.native is not None else f"off ({model.why_native})")
         self.threads = None
         if spec.all_cores:  # shared cores: threads follow the other tier's occupancy
             mine, peer = occupancy_words(seg["occupancy"].buf, spec.kind)
