@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import mmap
 
+import msgspec
 import pytest
 
 from dualpace.config import EngineConfig
 from dualpace.resolved import resolve
+from dualpace.runtime import protocol as P
+from dualpace.runtime.supervisor import OMP_SPIN_COUNT, worker_env
 from dualpace.runtime.thread_share import OCCUPANCY_SIZE, ThreadShare, occupancy_words
+from dualpace.runtime.worker_main import SPEC_ENV
 
 
 def _pair():
@@ -68,6 +72,32 @@ def test_a_served_run_uses_every_core_while_one_tier_works(llama_checkpoint):
         stats = llm._run(llm._serving.runtime.stats())
         pids = llm._serving.runtime.worker_pids()
         affinity = {k: len(psutil.Process(p).cpu_affinity()) for k, p in pids.items()}
+        spin = {k: psutil.Process(p).environ().get("GOMP_SPINCOUNT") for k, p in pids.items()}
     gpu = next(s for s in stats if s.kind == "gpu")
     assert gpu.threads == allowed
     assert affinity == {"gpu0": allowed, "cpu0": allowed}
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        assert spin == {"gpu0": str(OMP_SPIN_COUNT), "cpu0": str(OMP_SPIN_COUNT)}
+
+
+def _spec(path: str) -> P.WorkerSpec:
+    rc = resolve(EngineConfig(model=path, gpu_device="cpu"))
+    return P.WorkerSpec(kind="cpu", rank=0, tp_size=1, parent_pid=1, config=rc, cores=[1],
+                        control="ipc://x", runtime_dir="/tmp", shm={}, ring_in_offset=0,
+                        ring_out_offset=0, ring_capacity=1, num_workers=2, wake_index=1,
+                        gpu_wake_index=0, follower_wake_indices=[], eventfd=3,
+                        num_host_regions=1, all_cores=[0, 1, 2])
+
+
+def test_workers_spin_briefly_unless_the_operator_chose_how_openmp_waits(llama_checkpoint):
+    """Two workers on shared cores: an idle OpenMP team must not spin for libgomp's default
+    milliseconds on the core the other worker needs; an operator's own choice stands."""
+    spec = _spec(str(llama_checkpoint[0]))
+    env = worker_env(spec, {"PATH": "/bin"})
+    assert env["GOMP_SPINCOUNT"] == "3000" and env["PATH"] == "/bin"
+    assert env["OMP_NUM_THREADS"] == "3"  # the shared cores, not the own share
+    assert msgspec.json.decode(env[SPEC_ENV], type=P.WorkerSpec) == spec
+    for var, value in (("OMP_WAIT_POLICY", "ACTIVE"), ("GOMP_SPINCOUNT", "infinity")):
+        env = worker_env(spec, {var: value})
+        assert env[var] == value
+        assert "GOMP_SPINCOUNT" not in env or var == "GOMP_SPINCOUNT"
