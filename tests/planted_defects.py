@@ -378,6 +378,11 @@ PLANTS = [
           "        qf[i] = dp_bf16_to_f32(dp_f32_to_bf16(x));\n",
           ("tests/kernels/test_paged_attention.py::"
            "test_fp32_queries_over_bf16_kv_keep_fp32_precision",)),
+    Plant("workers-spin-for-ms", "workers keep libgomp's milliseconds-long idle spin",
+          "dualpace/runtime/supervisor.py",
+          '        env["GOMP_SPINCOUNT"] = str(OMP_SPIN_COUNT)',
+          '        env["GOMP_SPINCOUNT"] = "300000"',
+          ("tests/runtime/test_thread_share.py",)),
 ]
 
 

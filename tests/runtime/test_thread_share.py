@@ -11,7 +11,7 @@ import pytest
 from dualpace.config import EngineConfig
 from dualpace.resolved import resolve
 from dualpace.runtime import protocol as P
-from dualpace.runtime.supervisor import OMP_SPIN_COUNT, worker_env
+from dualpace.runtime.supervisor import worker_env
 from dualpace.runtime.thread_share import OCCUPANCY_SIZE, ThreadShare, occupancy_words
 from dualpace.runtime.worker_main import SPEC_ENV
 
@@ -76,23 +76,26 @@ def test_a_served_run_uses_every_core_while_one_tier_works(llama_checkpoint):
     gpu = next(s for s in stats if s.kind == "gpu")
     assert gpu.threads == allowed
     assert affinity == {"gpu0": allowed, "cpu0": allowed}
-    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-        assert spin == {"gpu0": str(OMP_SPIN_COUNT), "cpu0": str(OMP_SPIN_COUNT)}
+    # gpu-only: the CPU worker never computes, so the GPU worker keeps libgomp's spin.
+    assert spin == {"gpu0": os.environ.get("GOMP_SPINCOUNT"),
+                    "cpu0": os.environ.get("GOMP_SPINCOUNT")}
 
 
-def _spec(path: str) -> P.WorkerSpec:
-    rc = resolve(EngineConfig(model=path, gpu_device="cpu"))
+def _spec(path: str, policy: str = "dualpace", all_cores=(0, 1, 2)) -> P.WorkerSpec:
+    rc = resolve(EngineConfig(model=path, gpu_device="cpu", policy=policy))
     return P.WorkerSpec(kind="cpu", rank=0, tp_size=1, parent_pid=1, config=rc, cores=[1],
                         control="ipc://x", runtime_dir="/tmp", shm={}, ring_in_offset=0,
                         ring_out_offset=0, ring_capacity=1, num_workers=2, wake_index=1,
                         gpu_wake_index=0, follower_wake_indices=[], eventfd=3,
-                        num_host_regions=1, all_cores=[0, 1, 2])
+                        num_host_regions=1, all_cores=list(all_cores))
 
 
-def test_workers_spin_briefly_unless_the_operator_chose_how_openmp_waits(llama_checkpoint):
-    """Two workers on shared cores: an idle OpenMP team must not spin for libgomp's default
+@pytest.mark.parametrize("policy", ["dualpace", "gated"])
+def test_workers_on_shared_cores_spin_briefly_unless_the_operator_chose(llama_checkpoint,
+                                                                        policy):
+    """Two tiers on shared cores: an idle OpenMP team must not spin for libgomp's default
     milliseconds on the core the other worker needs; an operator's own choice stands."""
-    spec = _spec(str(llama_checkpoint[0]))
+    spec = _spec(str(llama_checkpoint[0]), policy)
     env = worker_env(spec, {"PATH": "/bin"})
     assert env["GOMP_SPINCOUNT"] == "3000" and env["PATH"] == "/bin"
     assert env["OMP_NUM_THREADS"] == "3"  # the shared cores, not the own share
@@ -101,3 +104,9 @@ def test_workers_spin_briefly_unless_the_operator_chose_how_openmp_waits(llama_c
         env = worker_env(spec, {var: value})
         assert env[var] == value
         assert "GOMP_SPINCOUNT" not in env or var == "GOMP_SPINCOUNT"
+
+
+def test_workers_keep_libgomps_spin_with_cores_of_their_own_or_no_cpu_tier(llama_checkpoint):
+    path = str(llama_checkpoint[0])
+    for spec in (_spec(path, all_cores=()), _spec(path, "gpu-only")):
+        assert "GOMP_SPINCOUNT" not in worker_env(spec, {})
