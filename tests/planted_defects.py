@@ -383,6 +383,20 @@ PLANTS = [
           '        env["GOMP_SPINCOUNT"] = str(OMP_SPIN_COUNT)',
           '        env["GOMP_SPINCOUNT"] = "300000"',
           ("tests/runtime/test_thread_share.py",)),
+    Plant("stream-merges-held-back-tokens", "a stream joins a held-back token to the next "
+          "shown one", "dualpace/server/app.py",
+          "                if not d.text and not d.token_ids and not d.finished:",
+          "                if not d.text and not d.finished:",
+          ("tests/server/test_openai_api.py::"
+           "test_stream_has_a_chunk_per_token_empty_while_a_character_is_held_back",)),
+    Plant("loadgen-skips-empty-chunks", "the load generator times only chunks with text",
+          "bench/loadgen.py", '                if chunk.get("choices"):',
+          '                if chunk.get("choices") and chunk["choices"][0].get("text"):',
+          ("tests/bench/test_loadgen.py",)),
+    Plant("fit-total-not-kept", "the step-cost fit is not rescaled to the measured total",
+          "dualpace/sim/costs.py",
+          "    return coef * (float(y.sum()) / pred) if pred > 0 else coef",
+          "    return coef", ("tests/sim/test_simulator.py",)),
 ]
 
 

@@ -233,8 +233,11 @@ class Server:
 
     async def _stream(self, request, streams, meta, obj: str, build, flags, chat: bool,
                       first_extra=None) -> web.StreamResponse:
-        """SSE chunks: ``build(i, piece, first)`` per shown piece. Held-back deltas (no
-        text yet) join the next shown one; ``first_extra(piece)`` goes beside the choices
+        """SSE chunks: ``build(i, piece, first)`` per engine delta that carries a token or
+        text or ends the choice. A token whose text the detokenizer still holds back (part
+        of a character) gets a chunk with empty text, as vLLM streams it, so a client sees
+        when every token was generated (a benchmark's TTFT and inter-token gaps are per
+        token, not per visible character). ``first_extra(piece)`` goes beside the choices
         of the first chunk; with continuous usage every chunk carries the usage so far."""
         resp = web.StreamResponse(headers=SSE_HEADERS)
         t0 = time.monotonic()
@@ -268,8 +271,8 @@ class Server:
                 if d.finished:
                     s.last_reason = d.finish_reason
                 pending[i].add(d)
-                if not d.text and not d.finished:
-                    continue  # a held-back token: nothing to show yet
+                if not d.text and not d.token_ids and not d.finished:
+                    continue  # a delta with nothing in it (no token, no text, no end)
                 piece, pending[i] = pending[i], Piece()
                 chunk = {**meta, "object": obj, "choices": [build(i, piece, i not in shown)]}
                 if first_extra is not None and not shown:

@@ -1,8 +1,9 @@
 """The ``choices`` entries of completions and chat responses, whole or as stream chunks.
 
 A ``Piece`` is what a choice shows at once: the text, token ids and logprobs of one or more
-engine deltas (held-back deltas join the next shown one) and, with the first, the prompt's
-logprobs. The builders add what the request asked for: logprobs, echo, return_token_ids,
+engine deltas (a stream shows each delta that carries a token, with empty text while the
+detokenizer holds a partial character back) and, with the first, the prompt's logprobs.
+The builders add what the request asked for: logprobs, echo, return_token_ids,
 prompt_logprobs (vLLM's shapes, named in each builder's docstring).
 """
 

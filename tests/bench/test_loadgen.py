@@ -32,7 +32,9 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     for i in range(n):
         if i:
             await asyncio.sleep(ITL)
-        chunk = {"choices": [{"index": 0, "text": "x", "finish_reason": None}]}
+        # The first token is part of a character vLLM still holds back: an empty-text chunk
+        # that TTFT must count (it is when the token was generated).
+        chunk = {"choices": [{"index": 0, "text": "x" if i else "", "finish_reason": None}]}
         await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
     usage = {"choices": [], "usage": {"prompt_tokens": len(body["prompt"]),
                                       "completion_tokens": n, "total_tokens": n}}

@@ -90,3 +90,20 @@ def test_get_routes(server):
     assert m['dualpace:kv_blocks_total{tier="gpu"}'] == 64
     assert "dualpace:time_to_first_token_seconds_count" in m
     assert any(k.startswith('dualpace:time_to_first_token_seconds_bucket{le="') for k in m)
+
+
+def test_stream_has_a_chunk_per_token_empty_while_a_character_is_held_back(server):
+    """vLLM's stream: every generated token is its own chunk, with empty text while the
+    detokenizer holds back part of a character (this byte-level model emits them often), so
+    a client times every token; the texts still join to the non-streamed completion."""
+    c = _client(server)
+    kw = dict(model="tiny", prompt=[256, 200, 150], max_tokens=48, temperature=1.0, seed=7,
+              extra_body={"ignore_eos": True, "return_token_ids": True})
+    full = c.completions.create(**kw)
+    chunks = [ch for ch in c.completions.create(stream=True, **kw) if ch.choices]
+    per_chunk = [ch.choices[0].model_extra["token_ids"] for ch in chunks]
+    assert [len(ids) for ids in per_chunk] == [1] * 48
+    assert [t for ids in per_chunk for t in ids] == full.choices[0].model_extra["token_ids"]
+    assert "".join(ch.choices[0].text for ch in chunks) == full.choices[0].text
+    held = [ids[0] for ch, ids in zip(chunks, per_chunk) if ch.choices[0].text == ""]
+    assert held and all(t >= 0x80 for t in held), held  # lead/continuation bytes only

@@ -160,6 +160,25 @@ def test_nnls_and_the_step_cost_fit():
         c.seconds)
 
 
+def test_the_fit_keeps_the_measured_total():
+    """Weighted toward the many short steps, a fit underestimates the few long ones; the
+    rescale makes the predicted total the measured one, the shape the weighted fit's."""
+    import numpy as np
+
+    from dualpace.sim.costs import _relative, fit_total_preserving
+
+    x = np.array([[1.0, 1], [1, 1], [1, 1], [1, 1], [1, 50], [1, 100]])
+    y = np.array([0.01, 0.01, 0.01, 0.01, 0.1, 0.4])  # long steps cost more than linear
+    weighted = nnls(*_relative(x, y))
+    assert (x @ weighted).sum() < 0.95 * y.sum()
+    coef = fit_total_preserving(x, y)
+    assert (x @ coef).sum() == pytest.approx(y.sum())
+    assert coef / coef.sum() == pytest.approx(weighted / weighted.sum())
+    # hand-computed: an exact line stays exact (scale 1)
+    line = np.array([[1.0, 0], [1, 2], [1, 4]])
+    assert fit_total_preserving(line, np.array([1.0, 2, 3])) == pytest.approx([1, 0.5])
+
+
 def test_step_work_from_descriptors():
     batch = P.GpuBatch(step_id=1, seqs=[
         P.SeqStep(req_id=1, token_ids=[5], start_pos=9),  # decode at context 10
