@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from dualpace.engine.metrics import histogram_quantile  # noqa: F401  (benches import it here)
+
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -73,27 +75,6 @@ def scrape_metrics(url: str) -> dict[str, float]:
                 k, v = line.rsplit(" ", 1)
                 out[k] = float(v)
         return out
-
-
-def histogram_quantile(q: float, name: str, now: dict[str, float],
-                       before: dict[str, float] | None = None) -> float | None:
-    """Prometheus's histogram_quantile of histogram ``name`` over the increase between two
-    scrapes (``before`` None: since start): the bucket holding rank q*count, linear inside
-    it; a rank in +Inf answers the largest finite bound; None when nothing was observed."""
-    prefix = name + '_bucket{le="'
-    buckets = sorted((float("inf") if k[len(prefix):-2] == "+Inf" else float(k[len(prefix):-2]),
-                      v - (before or {}).get(k, 0.0)) for k, v in now.items()
-                     if k.startswith(prefix))
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    rank, prev_le, prev_c = q * buckets[-1][1], 0.0, 0.0
-    for le, c in buckets:
-        if c >= rank:
-            if le == float("inf"):
-                return prev_le
-            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
-        prev_le, prev_c = le, c
-    return prev_le
 
 
 def wait_healthy(url: str, proc, timeout: float = 120.0) -> None:

@@ -107,3 +107,24 @@ class Metrics:
                 if base == name or (kind == "histogram" and base.startswith(name + "_")):
                     lines.append(f"{key} {v}")
         return "\n".join(lines) + "\n"
+
+
+def histogram_quantile(q: float, name: str, now: dict[str, float],
+                       before: dict[str, float] | None = None) -> float | None:
+    """Prometheus's histogram_quantile of histogram ``name`` over the increase between two
+    scrapes (``before`` None: since start): the bucket holding rank q*count, linear inside
+    it; a rank in +Inf answers the largest finite bound; None when nothing was observed."""
+    prefix = name + '_bucket{le="'
+    buckets = sorted((float("inf") if k[len(prefix):-2] == "+Inf" else float(k[len(prefix):-2]),
+                      v - (before or {}).get(k, 0.0)) for k, v in now.items()
+                     if k.startswith(prefix))
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank, prev_le, prev_c = q * buckets[-1][1], 0.0, 0.0
+    for le, c in buckets:
+        if c >= rank:
+            if le == float("inf"):
+                return prev_le
+            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+        prev_le, prev_c = le, c
+    return prev_le

@@ -11,12 +11,23 @@ import asyncio
 import time
 
 from dualpace.engine.llm_engine import EngineDead, LLMEngine
+from dualpace.engine.metrics import histogram_quantile
 from dualpace.sampling.params import SamplingParams
 from dualpace.sim.costs import CostModel
 from dualpace.sim.loop import run_virtual
 from dualpace.sim.setup import SimSetup
 from dualpace.sim.workers import SimWorkers
 from dualpace.workload import Job, Result, arrival_times, summarize
+
+
+def engine_latencies(now: dict[str, float], before: dict[str, float] | None = None) -> dict:
+    """P99 inter-token latency as the engine stamps it (its histogram, Prometheus's
+    interpolation, over the increase since ``before``): the same number from a real
+    server's /metrics and from the simulated engine, free of what the simulator does not
+    model, the HTTP/SSE delivery to a client that shares the box's cores. (TTFT's buckets
+    are too coarse at these rates to compare this way; the client's P99 TTFT is used.)"""
+    q = histogram_quantile(0.99, "dualpace:inter_token_latency_seconds", now, before)
+    return {"engine_p99_itl_ms": None if q is None else round(q * 1e3, 2)}
 
 
 class InvariantViolation(AssertionError):
@@ -35,7 +46,7 @@ def _check_round(engine: LLMEngine, kind: str, plan) -> None:
 
 
 async def _run(setup: SimSetup, costs: CostModel, policy: str, jobs: list[Job],
-               offsets: list[float], check: bool) -> tuple[list[Result], float, SimWorkers]:
+               offsets: list[float], check: bool) -> tuple[list[Result], float, SimWorkers, dict]:
     loop = asyncio.get_running_loop()
     workers = SimWorkers(costs, setup.thresholds, setup.num_layers)
     violations: list[BaseException] = []
@@ -89,7 +100,7 @@ async def _run(setup: SimSetup, costs: CostModel, policy: str, jobs: list[Job],
     if st.gpu_pool.num_used or st.host_pool.num_used:
         raise InvariantViolation(f"blocks leaked: {st.gpu_pool.num_used} GPU, "
                                  f"{st.host_pool.num_used} host")
-    return results, loop.time() - t0, workers
+    return results, loop.time() - t0, workers, engine.metrics.samples(close_windows=False)
 
 
 def simulate(setup: SimSetup, costs: CostModel, policy: str, jobs: list[Job], rate: float,
@@ -98,8 +109,10 @@ def simulate(setup: SimSetup, costs: CostModel, policy: str, jobs: list[Job], ra
     (simulated seconds, wall seconds, steps and busy time per worker)."""
     offsets = arrival_times(jobs, rate, burstiness, seed, False, 1.0)
     wall = time.perf_counter()
-    results, duration, workers = run_virtual(_run(setup, costs, policy, jobs, offsets, check))
+    results, duration, workers, samples = run_virtual(
+        _run(setup, costs, policy, jobs, offsets, check))
     out = summarize(results, duration, False)
+    out.update(engine_latencies(samples))
     out["request_rate"] = rate
     out["simulator"] = {"wall_s": round(time.perf_counter() - wall, 3),
                         "steps": dict(workers.steps),
