@@ -397,6 +397,15 @@ PLANTS = [
           "dualpace/sim/costs.py",
           "    return coef * (float(y.sum()) / pred) if pred > 0 else coef",
           "    return coef", ("tests/sim/test_simulator.py",)),
+    Plant("validation-one-target", "the validation compares every target factor at the "
+          "strict one", "bench/compare_policies.py",
+          "            targets = sweep_targets(ref, f)",
+          "            targets = sweep_targets(ref, factor)",
+          ("tests/bench/test_histogram_quantile.py",)),
+    Plant("sim-itl-histogram-missing", "the simulated engine's inter-token histogram is "
+          "read before the run", "dualpace/sim/run.py",
+          "    out.update(engine_latencies(samples))", "    out.update(engine_latencies({}))",
+          ("tests/sim/test_simulator.py",)),
 ]
 
 

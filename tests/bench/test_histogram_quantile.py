@@ -1,5 +1,6 @@
-"""bench/common.histogram_quantile (compare_policies' and dashboard_snapshot's stall p99) on
-hand-computed histograms, over the increase between two scrapes."""
+"""histogram_quantile (dualpace.engine.metrics, re-exported by bench/common: compare_policies'
+and dashboard_snapshot's stall and inter-token p99) on hand-computed histograms, over the
+increase between two scrapes; and compare_policies' validation of a simulated sweep."""
 
 from __future__ import annotations
 
@@ -34,3 +35,32 @@ def test_rank_in_inf_answers_the_largest_finite_bound_and_empty_is_none():
     assert histogram_quantile(0.99, NAME, _scrape({"0.5": 1, "+Inf": 5})) == 0.5
     assert histogram_quantile(0.99, NAME, _scrape({"0.5": 0, "+Inf": 0})) is None
     assert histogram_quantile(0.99, NAME, {}) is None
+
+
+def _runs(norms, ttfts):
+    return [{"request_rate": r, "mean_normalized_latency_s": n, "p99_ttft_ms": t,
+             "p99_itl_ms": 10.0, "engine_p99_itl_ms": 5.0}
+            for r, n, t in zip((2.0, 4.0, 8.0), norms, ttfts)]
+
+
+def test_validation_compares_at_the_real_runs_targets():
+    from compare_policies import validation
+
+    real = {"runs": {"gpu-only": _runs((0.01, 0.02, 0.06), (100, 200, 900)),
+                     "dualpace": _runs((0.01, 0.02, 0.04), (100, 200, 300))}}
+    sim = {"gpu-only": _runs((0.01, 0.025, 0.06), (100, 250, 900)),
+           "dualpace": _runs((0.01, 0.02, 0.04), (110, 200, 300))}
+    v = validation(real, sim, factor=3.0)
+    # target 0.03 s/token (3 x gpu-only's 0.01 at 2 req/s): real gpu-only crosses it at
+    # 4 + 4 x (0.03 - 0.02) / (0.06 - 0.02) = 5, simulated at 4 + 4 x 0.005 / 0.035
+    g = v["gpu-only"]["sustainable_rate"]
+    assert g["real"] == pytest.approx(5.0)
+    assert g["simulated"] == pytest.approx(4 + 4 * 0.005 / 0.035)
+    assert g["error"] == pytest.approx(round(g["simulated"] / 5.0 - 1, 4))
+    assert v["dualpace"]["sustainable_rate"]["real"] == pytest.approx(4 + 4 * 0.01 / 0.02)
+    # at 4x the factor (0.12) nothing crosses inside the sweep: null, never extrapolated
+    assert v["dualpace"]["sustainable_rate_at_12x"] == {"real": None, "simulated": None,
+                                                         "error": None}
+    assert v["dualpace"]["per_rate"]["2.0"]["p99_ttft_ms"] == {"real": 100, "simulated": 110,
+                                                                "error": 0.1}
+    assert v["gpu-only"]["per_rate"]["8.0"]["engine_p99_itl_ms"]["error"] == 0.0
