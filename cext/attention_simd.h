@@ -58,23 +58,39 @@ static inline __attribute__((always_inline)) void prim_qk_block(
 }
 
 /* Accumulators stay in registers across the block's tokens: one load and store of acc per
- * block instead of per token. */
+ * block instead of per token. Each token adds one FMA to every accumulator, so the loop is
+ * bound by the FMA latency (4 cycles) unless enough accumulators are independent: two FMA
+ * ports need 8 chains. With G query heads, DC = 8 / G d-chunks go through the tokens
+ * together (G = 1: a whole 128-wide row per token), G x DC = 8 chains for every G <= 8; one
+ * d-chunk at a time left G = 1 at an eighth of the FMA rate and G = 4 at half. */
 static inline __attribute__((always_inline)) void prim_pv_block(
     float *acc, const float *s, int BS, const char *v, int64_t row, int n, int dtype, int D,
     int G) {
     const int esz = dp_elem_size(dtype);
-    /* G <= 8 (every common GQA ratio): the whole group's accumulators for one D-chunk stay
-     * in registers over the block; constant G lets the compiler unroll the head loop. */
     if (G <= 8) {
-        for (int d = 0; d < D; d += VW) {
+        const int DC = 8 / G;
+        const float *sg[8];
+        for (int g = 0; g < G; g++) sg[g] = s + (int64_t)g * BS;
+        for (int d0 = 0; d0 < D; d0 += DC * VW) {
+            const int dc = (D - d0) / VW < DC ? (D - d0) / VW : DC;
             VEC a[8];
-            for (int g = 0; g < G; g++) a[g] = vloadu(acc + (int64_t)g * D + d);
-            const char *vd = v + (int64_t)d * esz;
-            for (int t = 0; t < n; t++, vd += row) {
-                const VEC vv = vload_w(vd, dtype);
-                for (int g = 0; g < G; g++) a[g] = vfma(vset1(s[g * BS + t]), vv, a[g]);
-            }
-            for (int g = 0; g < G; g++) vstoreu(acc + (int64_t)g * D + d, a[g]);
+            for (int i = 0; i < 8; i++) a[i] = vzero();  /* dead for c >= dc; quiets -Wall */
+            for (int c = 0; c < DC; c++)
+                if (c < dc)
+                    for (int g = 0; g < G; g++)
+                        a[c * G + g] = vloadu(acc + (int64_t)g * D + d0 + c * VW);
+            const char *vd = v + (int64_t)d0 * esz;
+            for (int64_t t = 0; t < n; t++, vd += row)
+                for (int c = 0; c < DC; c++)
+                    if (c < dc) {
+                        const VEC vv = vload_w(vd + (int64_t)c * VW * esz, dtype);
+                        for (int g = 0; g < G; g++)
+                            a[c * G + g] = vfma(vset1(sg[g][t]), vv, a[c * G + g]);
+                    }
+            for (int c = 0; c < DC; c++)
+                if (c < dc)
+                    for (int g = 0; g < G; g++)
+                        vstoreu(acc + (int64_t)g * D + d0 + c * VW, a[c * G + g]);
         }
         return;
     }
@@ -169,8 +185,37 @@ static inline __attribute__((always_inline)) void prim_qk_block_pairs(
     }
 }
 
+/* As prim_pv_block: DC = 8 / G d-chunks through the tokens together (8 FMA chains). */
 static inline __attribute__((always_inline)) void prim_pv_block_pairs(
     float *acc, const float *s, int BS, const char *v, int64_t row, int n, int D, int G) {
+    if (G <= 8) {
+        const int DC = 8 / G;
+        const float *sg[8];
+        for (int g = 0; g < G; g++) sg[g] = s + (int64_t)g * BS;
+        for (int d0 = 0; d0 < D; d0 += DC * VW) {
+            const int dc = (D - d0) / VW < DC ? (D - d0) / VW : DC;
+            VEC a[8];
+            for (int i = 0; i < 8; i++) a[i] = vzero();  /* dead for c >= dc; quiets -Wall */
+            for (int c = 0; c < DC; c++)
+                if (c < dc)
+                    for (int g = 0; g < G; g++)
+                        a[c * G + g] = vloadu(acc + (int64_t)g * D + d0 + c * VW);
+            for (int64_t t = 0; t < n; t++)
+                for (int c = 0; c < DC; c++)
+                    if (c < dc) {
+                        const int d = d0 + c * VW, half = (d / VW) & 1;
+                        const VEC vv = vbf16_half(v + t * row + (int64_t)(d - half * VW) * 2,
+                                                  half);
+                        for (int g = 0; g < G; g++)
+                            a[c * G + g] = vfma(vset1(sg[g][t]), vv, a[c * G + g]);
+                    }
+            for (int c = 0; c < DC; c++)
+                if (c < dc)
+                    for (int g = 0; g < G; g++)
+                        vstoreu(acc + (int64_t)g * D + d0 + c * VW, a[c * G + g]);
+        }
+        return;
+    }
     for (int d = 0; d < D; d += VW) {
         const int half = (d / VW) & 1;  /* chunk d holds the even or the odd elements */
         const char *vd = v + (int64_t)(d - half * VW) * 2;

@@ -104,6 +104,19 @@ def test_long_contexts_split_kv(isa, dtype):
 
 
 @pytest.mark.parametrize("isa", ISA_PARAMS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128])
+def test_every_listed_head_dim_group_and_block_size(isa, dtype, head_dim):
+    """The issue's shapes: the PV loop takes 8 / G head-dim chunks per pass over the tokens,
+    so head dims that are not a multiple of that (80, 96) end a pass short."""
+    for group, block_size in ((1, 16), (2, 32), (4, 64), (8, 16)):
+        lens = [1, block_size + 3, 3 * block_size - 1, 200]
+        q, k, v, tables, sl = make_case(head_dim + group, lens, 2, group, head_dim,
+                                        block_size, dtype)
+        check(isa, q, k, v, tables, sl, head_dim**-0.5)
+
+
+@pytest.mark.parametrize("isa", ISA_PARAMS)
 def test_head_dims_and_large_scores(isa):
     for d in (16, 96, 256):
         q, k, v, tables, sl = make_case(d, [1, 70, 300], 2, 2, d, 16, torch.float32)
