@@ -5,7 +5,7 @@ dataset against an OpenAI-compatible /v1/completions endpoint with SSE streaming
         --trace ../shared/traces/AzureLLMInferenceTrace_conv.csv --num-requests 200 \\
         --request-rate 4 --clip-input 512 --clip-output 128 --save-result out.json --json
 
-Per request: TTFT (first chunk with content), every inter-token gap, TPOT, end-to-end
+Per request: TTFT (the first chunk of its choice), every gap between chunks, TPOT, end-to-end
 latency, normalized latency (E2E / output tokens), output tokens from the usage chunk;
 failures are counted, never dropped. ``--sweep R1,R2,..`` runs several rates, reads off the
 sustainable rate for each target by linear interpolation between measured points (never
@@ -66,7 +66,10 @@ async def send(session: aiohttp.ClientSession, url: str, model: str | None, job:
                     return res
                 if chunk.get("usage"):
                     res.output_tokens = chunk["usage"]["completion_tokens"]
-                if chunk.get("choices") and chunk["choices"][0].get("text"):
+                # As `vllm bench serve`: every chunk of the choice counts, empty text too
+                # (a token the server holds back as part of a character still streams as
+                # its own chunk there and here), so TTFT and gaps are per token.
+                if chunk.get("choices"):
                     now = time.perf_counter()
                     if last is None:
                         res.ttft = now - t0
