@@ -57,15 +57,33 @@ static inline __attribute__((always_inline)) void prim_qk_block(
     }
 }
 
+#ifdef DP_BF16_PAIRS  /* the ISA file opts in: measured faster with AVX2, slower with AVX-512 */
+#define DP_HAVE_PAIRS 1  /* bf16 KV in even/odd pairs: see the section at the end */
+#endif
+
+/* V row t's head-dim chunk d as fp32: in natural order, or (pairs) chunk d of the even/odd
+ * order, which holds the even or the odd elements of its 2*VW-element span. */
+static inline __attribute__((always_inline)) VEC pv_row(const char *vt, int d, int esz,
+                                                       int dtype, int pairs) {
+#ifdef DP_HAVE_PAIRS
+    if (pairs) {
+        const int half = (d / VW) & 1;
+        return vbf16_half(vt + (int64_t)(d - half * VW) * 2, half);
+    }
+#endif
+    (void)pairs;
+    return vload_w(vt + (int64_t)d * esz, dtype);
+}
+
 /* Accumulators stay in registers across the block's tokens: one load and store of acc per
  * block instead of per token. Each token adds one FMA to every accumulator, so the loop is
  * bound by the FMA latency (4 cycles) unless enough accumulators are independent: two FMA
  * ports need 8 chains. With G query heads, DC = 8 / G d-chunks go through the tokens
  * together (G = 1: a whole 128-wide row per token), G x DC = 8 chains for every G <= 8; one
  * d-chunk at a time left G = 1 at an eighth of the FMA rate and G = 4 at half. */
-static inline __attribute__((always_inline)) void prim_pv_block(
+static inline __attribute__((always_inline)) void pv_passes(
     float *acc, const float *s, int BS, const char *v, int64_t row, int n, int dtype, int D,
-    int G) {
+    int G, int pairs) {
     const int esz = dp_elem_size(dtype);
     if (G <= 8) {
         const int DC = 8 / G;
@@ -79,11 +97,10 @@ static inline __attribute__((always_inline)) void prim_pv_block(
                 if (c < dc)
                     for (int g = 0; g < G; g++)
                         a[c * G + g] = vloadu(acc + (int64_t)g * D + d0 + c * VW);
-            const char *vd = v + (int64_t)d0 * esz;
-            for (int64_t t = 0; t < n; t++, vd += row)
+            for (int64_t t = 0; t < n; t++)
                 for (int c = 0; c < DC; c++)
                     if (c < dc) {
-                        const VEC vv = vload_w(vd + (int64_t)c * VW * esz, dtype);
+                        const VEC vv = pv_row(v + t * row, d0 + c * VW, esz, dtype, pairs);
                         for (int g = 0; g < G; g++)
                             a[c * G + g] = vfma(vset1(sg[g][t]), vv, a[c * G + g]);
                     }
@@ -99,14 +116,20 @@ static inline __attribute__((always_inline)) void prim_pv_block(
             const int gn = G - g0 < 8 ? G - g0 : 8;
             VEC a[8];
             for (int g = 0; g < gn; g++) a[g] = vloadu(acc + (int64_t)(g0 + g) * D + d);
-            for (int t = 0; t < n; t++) {
-                const VEC vv = vload_w(v + t * row + (int64_t)d * esz, dtype);
+            for (int64_t t = 0; t < n; t++) {
+                const VEC vv = pv_row(v + t * row, d, esz, dtype, pairs);
                 for (int g = 0; g < gn; g++)
                     a[g] = vfma(vset1(s[(g0 + g) * BS + t]), vv, a[g]);
             }
             for (int g = 0; g < gn; g++) vstoreu(acc + (int64_t)(g0 + g) * D + d, a[g]);
         }
     }
+}
+
+static inline __attribute__((always_inline)) void prim_pv_block(
+    float *acc, const float *s, int BS, const char *v, int64_t row, int n, int dtype, int D,
+    int G) {
+    pv_passes(acc, s, BS, v, row, n, dtype, D, G, 0);
 }
 
 static inline __attribute__((always_inline)) float prim_max(const float *s, int n) {
@@ -143,8 +166,7 @@ static inline __attribute__((always_inline)) float prim_exp_sub(float *s, int n,
  * ones (vbf16_half). Dot products do not care about the order of d, so q (and the PV
  * accumulators) are kept in that even/odd order per 2*VW chunk, and the widening of a bf16
  * vector costs one op instead of a zero-extend and a shift. */
-#ifdef DP_BF16_PAIRS  /* the ISA file opts in: measured faster with AVX2, slower with AVX-512 */
-#define DP_HAVE_PAIRS 1
+#ifdef DP_HAVE_PAIRS
 
 /* Position of element d in the even/odd order of its 2*VW chunk. */
 static inline __attribute__((always_inline)) int pair_pos(int d) {
@@ -185,51 +207,8 @@ static inline __attribute__((always_inline)) void prim_qk_block_pairs(
     }
 }
 
-/* As prim_pv_block: DC = 8 / G d-chunks through the tokens together (8 FMA chains). */
 static inline __attribute__((always_inline)) void prim_pv_block_pairs(
     float *acc, const float *s, int BS, const char *v, int64_t row, int n, int D, int G) {
-    if (G <= 8) {
-        const int DC = 8 / G;
-        const float *sg[8];
-        for (int g = 0; g < G; g++) sg[g] = s + (int64_t)g * BS;
-        for (int d0 = 0; d0 < D; d0 += DC * VW) {
-            const int dc = (D - d0) / VW < DC ? (D - d0) / VW : DC;
-            VEC a[8];
-            for (int i = 0; i < 8; i++) a[i] = vzero();  /* dead for c >= dc; quiets -Wall */
-            for (int c = 0; c < DC; c++)
-                if (c < dc)
-                    for (int g = 0; g < G; g++)
-                        a[c * G + g] = vloadu(acc + (int64_t)g * D + d0 + c * VW);
-            for (int64_t t = 0; t < n; t++)
-                for (int c = 0; c < DC; c++)
-                    if (c < dc) {
-                        const int d = d0 + c * VW, half = (d / VW) & 1;
-                        const VEC vv = vbf16_half(v + t * row + (int64_t)(d - half * VW) * 2,
-                                                  half);
-                        for (int g = 0; g < G; g++)
-                            a[c * G + g] = vfma(vset1(sg[g][t]), vv, a[c * G + g]);
-                    }
-            for (int c = 0; c < DC; c++)
-                if (c < dc)
-                    for (int g = 0; g < G; g++)
-                        vstoreu(acc + (int64_t)g * D + d0 + c * VW, a[c * G + g]);
-        }
-        return;
-    }
-    for (int d = 0; d < D; d += VW) {
-        const int half = (d / VW) & 1;  /* chunk d holds the even or the odd elements */
-        const char *vd = v + (int64_t)(d - half * VW) * 2;
-        for (int g0 = 0; g0 < G; g0 += 8) {
-            const int gn = G - g0 < 8 ? G - g0 : 8;
-            VEC a[8];
-            for (int g = 0; g < gn; g++) a[g] = vloadu(acc + (int64_t)(g0 + g) * D + d);
-            for (int t = 0; t < n; t++) {
-                const VEC vv = vbf16_half(vd + t * row, half);
-                for (int g = 0; g < gn; g++)
-                    a[g] = vfma(vset1(s[(g0 + g) * BS + t]), vv, a[g]);
-            }
-            for (int g = 0; g < gn; g++) vstoreu(acc + (int64_t)(g0 + g) * D + d, a[g]);
-        }
-    }
+    pv_passes(acc, s, BS, v, row, n, DP_BF16, D, G, 1);
 }
-#endif /* DP_BF16_PAIRS */
+#endif /* DP_HAVE_PAIRS */
