@@ -13,8 +13,6 @@ from pathlib import Path
 
 import torch
 
-from dualpace.engine.metrics import histogram_quantile  # noqa: F401  (benches import it here)
-
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))

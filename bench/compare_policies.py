@@ -31,8 +31,9 @@ import sys
 from pathlib import Path
 
 import loadgen
-from common import REPO, emit, free_port, histogram_quantile, scrape_metrics, wait_healthy
+from common import REPO, emit, free_port, scrape_metrics, wait_healthy
 
+from dualpace.engine.metrics import histogram_quantile
 from dualpace.sim.plot import plot_sweep
 from dualpace.sim.run import engine_latencies
 from dualpace.workload import sweep_summary, sweep_targets

@@ -24,7 +24,9 @@ from pathlib import Path
 import compare_policies
 import loadgen
 from browser import headless_chromium
-from common import emit, histogram_quantile, scrape_metrics
+from common import emit, scrape_metrics
+
+from dualpace.engine.metrics import histogram_quantile
 
 
 def _polls(driver) -> int:

@@ -51,7 +51,8 @@ static inline __attribute__((always_inline)) void item_impl(
             const int64_t nb = (((int64_t)bt[(t + n) / BS] * a->Hkv + h) * BS) * row;
             nk = (const char *)a->k_cache + nb;
             nv = (const char *)a->v_cache + nb;
-            pf_step = ((int64_t)BS * row + n - 1) / n;  /* bytes of each per token here */
+            /* the next block's bytes over this block's n tokens: a share per score tile */
+            pf_step = ((int64_t)BS * row + n - 1) / n;
         }
         for (int tq = 0; tq < n; tq += DP_QK_SLICE) {
             const int nq = n - tq < DP_QK_SLICE ? n - tq : DP_QK_SLICE;

@@ -383,10 +383,11 @@ PLANTS = [
           '        env["GOMP_SPINCOUNT"] = str(OMP_SPIN_COUNT)',
           '        env["GOMP_SPINCOUNT"] = "300000"',
           ("tests/runtime/test_thread_share.py",)),
-    Plant("stream-merges-held-back-tokens", "a stream joins a held-back token to the next "
-          "shown one", "dualpace/server/app.py",
-          "                if not d.text and not d.token_ids and not d.finished:",
-          "                if not d.text and not d.finished:",
+    Plant("stream-skips-held-back-tokens", "a stream sends no chunk for a token whose text "
+          "is held back", "dualpace/server/app.py",
+          "                piece = Piece()\n                piece.add(d)\n",
+          "                if not d.text and not d.finished:\n                    continue\n"
+          "                piece = Piece()\n                piece.add(d)\n",
           ("tests/server/test_openai_api.py::"
            "test_stream_has_a_chunk_per_token_empty_while_a_character_is_held_back",)),
     Plant("loadgen-skips-empty-chunks", "the load generator times only chunks with text",
@@ -411,6 +412,10 @@ PLANTS = [
           "            const int dc = (D - d0) / VW < DC ? (D - d0) / VW : DC;",
           "            const int dc = (D - d0) / VW < DC ? (D - d0) / VW - 1 : DC;",
           ("tests/kernels/test_paged_attention.py::test_every_listed_head_dim_group_and_block_size",)),
+    Plant("short-spin-everywhere", "workers spin briefly on cores of their own and under "
+          "gpu-only too", "dualpace/runtime/supervisor.py",
+          "    two_tiers_share = bool(spec.all_cores) and spec.config.policy_object.host_tier",
+          "    two_tiers_share = True", ("tests/runtime/test_thread_share.py",)),
 ]
 
 

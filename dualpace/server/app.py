@@ -233,8 +233,8 @@ class Server:
 
     async def _stream(self, request, streams, meta, obj: str, build, flags, chat: bool,
                       first_extra=None) -> web.StreamResponse:
-        """SSE chunks: ``build(i, piece, first)`` per engine delta that carries a token or
-        text or ends the choice. A token whose text the detokenizer still holds back (part
+        """SSE chunks: ``build(i, piece, first)`` per engine delta (each carries a token, text
+        or the choice's end). A token whose text the detokenizer still holds back (part
         of a character) gets a chunk with empty text, as vLLM streams it, so a client sees
         when every token was generated (a benchmark's TTFT and inter-token gaps are per
         token, not per visible character). ``first_extra(piece)`` goes beside the choices
@@ -242,7 +242,6 @@ class Server:
         resp = web.StreamResponse(headers=SSE_HEADERS)
         t0 = time.monotonic()
         firsts: dict[int, float] = {}
-        pending = {i: Piece() for i in range(len(streams))}
         shown: set[int] = set()
         continuous = flags.include_usage and flags.continuous_usage
         queue: asyncio.Queue = asyncio.Queue()
@@ -270,10 +269,9 @@ class Server:
                     firsts[s.rid] = time.monotonic()
                 if d.finished:
                     s.last_reason = d.finish_reason
-                pending[i].add(d)
-                if not d.text and not d.token_ids and not d.finished:
-                    continue  # a delta with nothing in it (no token, no text, no end)
-                piece, pending[i] = pending[i], Piece()
+                # Every delta is shown: the engine sends none without a token, text or end.
+                piece = Piece()
+                piece.add(d)
                 chunk = {**meta, "object": obj, "choices": [build(i, piece, i not in shown)]}
                 if first_extra is not None and not shown:
                     chunk.update(first_extra(piece))

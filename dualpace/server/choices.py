@@ -1,8 +1,8 @@
 """The ``choices`` entries of completions and chat responses, whole or as stream chunks.
 
-A ``Piece`` is what a choice shows at once: the text, token ids and logprobs of one or more
-engine deltas (a stream shows each delta that carries a token, with empty text while the
-detokenizer holds a partial character back) and, with the first, the prompt's logprobs.
+A ``Piece`` is what a choice shows at once: the text, token ids and logprobs of one engine
+delta in a stream (empty text while the detokenizer holds a partial character back), or of
+all of them in a whole response, and with the first the prompt's logprobs.
 The builders add what the request asked for: logprobs, echo, return_token_ids,
 prompt_logprobs (vLLM's shapes, named in each builder's docstring).
 """

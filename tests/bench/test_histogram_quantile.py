@@ -1,5 +1,5 @@
-"""histogram_quantile (dualpace.engine.metrics, re-exported by bench/common: compare_policies'
-and dashboard_snapshot's stall and inter-token p99) on hand-computed histograms, over the
+"""histogram_quantile (dualpace.engine.metrics: compare_policies' and dashboard_snapshot's
+stall and inter-token p99) on hand-computed histograms, over the
 increase between two scrapes; and compare_policies' validation of a simulated sweep."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from dualpace.engine.metrics import histogram_quantile
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from common import histogram_quantile
 
 NAME = "dualpace:cpu_tier_stall_seconds"
 

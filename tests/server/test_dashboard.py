@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from dualpace.engine.metrics import histogram_quantile
+
 from .conftest import ServerProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from browser import BrowserUnavailable, enter_api_key, headless_chromium
-from common import histogram_quantile
 
 KEY = "dash-key-123"
 
