@@ -53,6 +53,9 @@ def test_worker_killed_mid_batch_fails_step_and_group_restarts(llama_checkpoint,
             step = (P.GpuBatch(step_id=999, seqs=[d._step_for(r, "gpu") for r in reqs[1:]])
                     if victim == "gpu" else
                     P.CpuBatch(step_id=999, seqs=[d._step_for(reqs[0], "cpu")]))
+            # Stopped first, so the step cannot finish before the kill lands (a fast kernel
+            # answered a one-row CPU step between submit and kill once).
+            os.kill(client.pid, signal.SIGSTOP)
             fut = client.submit(step)
             os.kill(client.pid, signal.SIGKILL)
             t0 = time.monotonic()
