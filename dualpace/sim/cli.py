@@ -35,6 +35,9 @@ def add_parser(sub, add_engine_flags) -> None:
     p.add_argument("--clip-input", type=int, default=0, help="0: no clipping")
     p.add_argument("--clip-output", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-jitter", action="store_true",
+                   help="--profile: every step takes its fitted cost (default: the measured "
+                        "spread around the fit, seeded with --seed)")
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--rates", required=True, help="offered rates, e.g. 1,2,4,8")
     p.add_argument("--target-factor", type=float, default=3.0,
@@ -97,7 +100,8 @@ def sweep(args, config, jobs, policies, rates, host_kv_gib=None, cpu_cores=None)
         setup, costs = build(args, config, policy, host_kv_gib, cpu_cores)
         runs[policy] = []
         for rate in rates:
-            r = simulate(setup, costs, policy, jobs, rate, args.seed, check=not args.no_check)
+            r = simulate(setup, costs, policy, jobs, rate, args.seed, check=not args.no_check,
+                         jitter=not args.no_jitter)
             runs[policy].append(r)
             print(f"{policy} rate {rate}: norm {r['mean_normalized_latency_s']:.4f} s/tok, "
                   f"p99 ttft {r['p99_ttft_ms']:.0f} ms, p99 itl {r['p99_itl_ms']:.0f} ms "

@@ -7,7 +7,8 @@ Two sources:
 - ``FittedCosts``: linear models fitted to steps the real runtime executed on this box
   (``dualpace serve --step-log``): GPU time over the step's tokens, rows, attended context and
   host-link KV; CPU time per route over batch and context. Non-negative least squares (a
-  cost never falls as work grows).
+  cost never falls as work grows). ``Jittered`` adds the measured spread of steps around
+  the fit (``jitter_table``), the tails that P99 latencies are made of.
 - ``RooflineCosts``: a hardware description (hardware.py) through per-stage roofline
   formulas: each stage takes max(bytes / bandwidth, FLOPs / peak) scaled by an efficiency,
   plus fixed per-step and per-call overheads.
@@ -15,6 +16,8 @@ Two sources:
 
 from __future__ import annotations
 
+import bisect
+import random
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,6 +29,8 @@ from dualpace.sim.hardware import Hardware
 from dualpace.sim.shape import ModelShape
 
 MIN_SPLIT = 50  # steps each side needs before GPU steps are fitted alone / beside the CPU
+JITTER_QUANTILES = 100  # the measured spread of step times around the fit, as this many quantiles
+JITTER_BINS = 4  # ... per this many bins of step size
 GPU_FEATURES = ("prefill_tokens", "decode_rows", "context", "prefill_context", "link_tokens",
                 "carried_rows", "prefill_step")
 CPU_FEATURES = ("batch", "context")
@@ -102,8 +107,11 @@ def fit_step_costs(samples: list[dict]) -> dict:
 
     def fit_gpu(rows: list[dict]) -> dict:
         x = np.array([[1.0, *(_feature(s, f) for f in GPU_FEATURES)] for s in rows])
-        coef = fit_total_preserving(x, np.array([s["seconds"] for s in rows]))
-        return {**dict(zip(("overhead", *GPU_FEATURES), coef.tolist())), "samples": len(rows)}
+        y = np.array([s["seconds"] for s in rows])
+        coef = fit_total_preserving(x, y)
+        alone = np.array([s["carried_rows"] == 0 for s in rows])  # see Jittered.gpu_step
+        return {**dict(zip(("overhead", *GPU_FEATURES), coef.tolist())), "samples": len(rows),
+                "jitter": jitter_table(y[alone], (x @ coef)[alone])}
 
     gpu = [s for s in samples if s["kind"] == "gpu"]
     if gpu:
@@ -117,13 +125,74 @@ def fit_step_costs(samples: list[dict]) -> dict:
     for route in routes:
         rows = [s for s in samples if s["kind"] == "cpu" and s["route"] == route]
         x = np.array([[1.0, *(s[f] for f in CPU_FEATURES)] for s in rows])
-        coef = fit_total_preserving(x, np.array([s["seconds"] for s in rows]))
+        y = np.array([s["seconds"] for s in rows])
+        coef = fit_total_preserving(x, y)
         att = fit_total_preserving(x, np.array([s.get("attention", 0.0) for s in rows]))
         out["cpu"][route] = {**dict(zip(("overhead", *CPU_FEATURES), coef.tolist())),
                              "attention": dict(zip(("overhead", *CPU_FEATURES),
                                                    att.tolist())),
-                             "samples": len(rows)}
+                             "samples": len(rows), "jitter": jitter_table(y, x @ coef)}
     return out
+
+
+def jitter_table(actual: np.ndarray, predicted: np.ndarray) -> dict:
+    """How measured steps spread around the fit, by step size: the steps split into
+    ``JITTER_BINS`` bins at quantiles of their predicted seconds (``edges``), and per bin
+    ``JITTER_QUANTILES`` evenly spaced quantiles (midpoints; measured values, never
+    interpolated) of actual / predicted seconds, divided by their mean so that a draw keeps
+    the bin's expected total (``tables``).
+
+    On this box a step's time has a right tail that no feature explains (core sharing,
+    interrupts, the allocator): a decode step's 99th percentile is 2x its prediction, a P99
+    inter-token latency is made of that tail, and without it the simulated P99 sat at the
+    median step. The tail is relatively longer for short steps (a one-row CPU step 2.8x at
+    the 99th percentile, a 16-row one 1.8x), hence the bins: one table for all sizes put
+    the short steps' tail on the long ones."""
+    ok = predicted > 0
+    if ok.sum() < JITTER_BINS * 10:
+        return {"edges": [], "tables": [[1.0]]}
+    pred, ratio = predicted[ok], actual[ok] / predicted[ok]
+    edges = np.unique(np.quantile(pred, np.arange(1, JITTER_BINS) / JITTER_BINS))
+    which = np.searchsorted(edges, pred, side="right")
+    mid = (np.arange(JITTER_QUANTILES) + 0.5) / JITTER_QUANTILES
+    tables = []
+    for b in range(len(edges) + 1):
+        q = (np.quantile(ratio[which == b], mid, method="inverted_cdf") if (which == b).any()
+             else np.ones(1))
+        tables.append((q / q.mean()).round(4).tolist() if q.mean() > 0 else [1.0])
+    return {"edges": edges.tolist(), "tables": tables}
+
+
+class Jittered:
+    """A fitted cost model whose every step takes its prediction times a draw from the step's
+    measured jitter table (``jitter_table``), from a seeded generator: the same seed, the same
+    run. Fits without tables (older profiles) draw 1."""
+
+    def __init__(self, costs: FittedCosts, seed: int):
+        self.costs = costs
+        self.rng = random.Random(seed)
+
+    def _draw(self, jitter: dict | None, predicted: float) -> float:
+        if not jitter:
+            return 1.0
+        return self.rng.choice(jitter["tables"][bisect.bisect_right(jitter["edges"], predicted)])
+
+    def gpu_step(self, w: GpuStepWork, beside: bool = False) -> float:
+        t = self.costs.gpu_step(w, beside)
+        if w.carried_rows:  # a gated pipeline step: see cpu_step
+            return t
+        return t * self._draw(self.costs.gpu_coefs(beside).get("jitter"), t)
+
+    def cpu_step(self, w: CpuStepWork) -> CpuStepCost:
+        c = self.costs.cpu_step(w)
+        if w.route == NEO_PIPELINE:
+            # The gated pipeline's two halves wait for each other every layer: the logged
+            # spread of its steps (a CPU step's 99th percentile at 6-10x the fit) is those
+            # waits, which the simulated workers model themselves, not noise. Drawn on top,
+            # it put gated's simulated P99 inter-token latency 30% above the real one.
+            return c
+        k = self._draw(self.costs.cpu_coefs(w.route).get("jitter"), c.seconds)
+        return CpuStepCost(c.seconds * k, c.attention * k, c.gpu_disturbance * k)
 
 
 def profile_costs(profile: dict, policy: str) -> FittedCosts:
@@ -147,11 +216,14 @@ class FittedCosts:
         self.gpu_beside = coefs.get("gpu_beside")
         self.cpu = coefs.get("cpu", {})
 
+    def gpu_coefs(self, beside: bool) -> dict:
+        return self.gpu_beside if beside and self.gpu_beside else self.gpu
+
     def gpu_step(self, w: GpuStepWork, beside: bool = False) -> float:
-        c = self.gpu_beside if beside and self.gpu_beside else self.gpu
+        c = self.gpu_coefs(beside)
         return c["overhead"] + sum(c[f] * getattr(w, f) for f in GPU_FEATURES)
 
-    def _cpu_route(self, route: str) -> dict:
+    def cpu_coefs(self, route: str) -> dict:
         if route in self.cpu:
             return self.cpu[route]
         if FULL_CPU in self.cpu:  # a route the log never saw: its Full-CPU cost
@@ -161,7 +233,7 @@ class FittedCosts:
         raise ValueError("step costs: no CPU steps were fitted")
 
     def cpu_step(self, w: CpuStepWork) -> CpuStepCost:
-        c = self._cpu_route(w.route)
+        c = self.cpu_coefs(w.route)
         a = c["attention"]
         t = c["overhead"] + c["batch"] * w.batch + c["context"] * w.context
         att = a["overhead"] + a["batch"] * w.batch + a["context"] * w.context

@@ -13,7 +13,7 @@ import time
 from dualpace.engine.llm_engine import EngineDead, LLMEngine
 from dualpace.engine.metrics import histogram_quantile
 from dualpace.sampling.params import SamplingParams
-from dualpace.sim.costs import CostModel
+from dualpace.sim.costs import CostModel, FittedCosts, Jittered
 from dualpace.sim.loop import run_virtual
 from dualpace.sim.setup import SimSetup
 from dualpace.sim.workers import SimWorkers
@@ -104,10 +104,15 @@ async def _run(setup: SimSetup, costs: CostModel, policy: str, jobs: list[Job],
 
 
 def simulate(setup: SimSetup, costs: CostModel, policy: str, jobs: list[Job], rate: float,
-             seed: int = 0, burstiness: float = 1.0, check: bool = True) -> dict:
+             seed: int = 0, burstiness: float = 1.0, check: bool = True,
+             jitter: bool = True) -> dict:
     """One policy at one offered rate: loadgen's summary keys, plus what the simulator saw
-    (simulated seconds, wall seconds, steps and busy time per worker)."""
+    (simulated seconds, wall seconds, steps and busy time per worker). ``jitter``: fitted
+    step costs vary as the measured steps did around their fit (``Jittered``, seeded with
+    ``seed``); off, every step takes its prediction."""
     offsets = arrival_times(jobs, rate, burstiness, seed, False, 1.0)
+    if jitter and isinstance(costs, FittedCosts):
+        costs = Jittered(costs, seed)
     wall = time.perf_counter()
     results, duration, workers, samples = run_virtual(
         _run(setup, costs, policy, jobs, offsets, check))

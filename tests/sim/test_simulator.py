@@ -254,8 +254,8 @@ def test_simulated_runs_complete_every_request_with_invariants_checked(policy):
     one = simulate(_small_setup(), _Costs(), policy, [Job([1] * 100, 4)], rate=1.0)
     assert one["mean_ttft_ms"] == pytest.approx(10 + 0.1 * 100)
     assert one["mean_itl_ms"] == pytest.approx(10.1)
-    # the engine's own histogram: 3 gaps in (10, 20] ms, rank 0.99 x 3 interpolated inside
-    assert one["engine_p99_itl_ms"] == pytest.approx(10 + 10 * 0.99, abs=0.01)
+    # the engine's own histogram: 3 gaps in (10, 12.5] ms, rank 0.99 x 3 interpolated inside
+    assert one["engine_p99_itl_ms"] == pytest.approx(10 + 2.5 * 0.99, abs=0.01)
 
 
 def test_simulation_is_deterministic_and_load_raises_latency():
