@@ -197,8 +197,8 @@ PLANTS = [
           "        return c.dram_gbps * 1e9 * c.eff_mem", ("tests/sim/test_simulator.py",)),
     Plant("sim-fit-beside-ignored", "simulated GPU steps never use the fit for steps run "
           "beside the CPU worker", "dualpace/sim/costs.py",
-          "        c = self.gpu_beside if beside and self.gpu_beside else self.gpu",
-          "        c = self.gpu", ("tests/sim/test_simulator.py",)),
+          "        return self.gpu_beside if beside and self.gpu_beside else self.gpu",
+          "        return self.gpu", ("tests/sim/test_simulator.py",)),
     Plant("step-work-forks-uncounted", "a Prefill-to-CPU step's copies into siblings' host "
           "blocks cost nothing on the host link", "dualpace/runtime/step_work.py",
           "            link += n * (1 + len(s.forks))", "            link += n",
@@ -412,6 +412,17 @@ PLANTS = [
           "            const int dc = (D - d0) / VW < DC ? (D - d0) / VW : DC;",
           "            const int dc = (D - d0) / VW < DC ? (D - d0) / VW - 1 : DC;",
           ("tests/kernels/test_paged_attention.py::test_every_listed_head_dim_group_and_block_size",)),
+    Plant("sim-jitter-shifts-the-mean", "a step-time jitter table is not divided by its mean",
+          "dualpace/sim/costs.py", "        tables.append((q / q.mean()).round(4).tolist()",
+          "        tables.append(q.round(4).tolist()", ("tests/sim/test_jitter.py",)),
+    Plant("sim-jitter-one-bin", "every simulated step draws from the longest steps' table",
+          "dualpace/sim/costs.py",
+          '        return self.rng.choice(jitter["tables"][bisect.bisect_right(jitter["edges"], '
+          'predicted)])',
+          '        return self.rng.choice(jitter["tables"][-1])', ("tests/sim/test_jitter.py",)),
+    Plant("sim-jitter-on-the-pipeline", "the gated pipeline's CPU steps are jittered too",
+          "dualpace/sim/costs.py", "        if w.route == NEO_PIPELINE:\n            # The gated",
+          "        if False:\n            # The gated", ("tests/sim/test_jitter.py",)),
     Plant("short-spin-everywhere", "workers spin briefly on cores of their own and under "
           "gpu-only too", "dualpace/runtime/supervisor.py",
           "    two_tiers_share = bool(spec.all_cores) and spec.config.policy_object.host_tier",
