@@ -15,9 +15,13 @@ at the lowest rate under gpu-only, the unloaded reference. The last line with --
 plots go to --out.
 
 Every server logs its steps (``serve --step-log``); the run fits the simulator's step costs
-to them and writes ``--out``/profile-measured.json. ``--simulate`` runs the very same sweep
-(same servers' shapes, jobs, offsets, targets and keys) in the simulator with that profile
-(or ``--sim-profile``), so the two JSONs compare the simulator with the runtime it models.
+to them and writes ``--out``/profile-measured.json. ``--repeat N`` runs the whole real sweep
+N times (``--out``/rep1 .. repN, each with its own compare.json): ``--out``/compare.json is
+then the per-rate median of the N sweeps, and the profile is fitted to all their steps (on
+a shared box one sweep can differ from the next by half its sustainable rate).
+``--simulate`` runs the very same sweep (same servers' shapes, jobs, offsets, targets and
+keys) in the simulator with that profile (or ``--sim-profile``), so the two JSONs compare
+the simulator with the runtime it models.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -219,16 +224,40 @@ def validation(real: dict, simulated: dict, factor: float) -> dict:
     return out
 
 
-def fit_measured_profile(policies, args) -> Path:
-    """The step costs of every policy's server, fitted together: profile-measured.json."""
+def median_run(runs: list[dict]) -> dict:
+    """One sweep point from the same point of several sweeps: the median of every number
+    (dicts of numbers key by key; a value missing or None in some sweeps: the median of the
+    others, None if none has one). The rate must agree."""
+    rates = {r["request_rate"] for r in runs}
+    if len(rates) != 1:
+        raise ValueError(f"median_run: sweep points at different rates {sorted(rates)}")
+    out: dict = {}
+    for key in runs[0]:
+        vals = [r.get(key) for r in runs]
+        nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if nums:
+            out[key] = statistics.median(nums)
+        elif any(isinstance(v, dict) for v in vals):
+            out[key] = median_run([{"request_rate": 0, **v} for v in vals if isinstance(v, dict)])
+            out[key].pop("request_rate")
+        else:
+            out[key] = vals[0]
+    return out
+
+
+def fit_measured_profile(policies, args, dirs: list[Path] | None = None) -> Path:
+    """The step costs of every policy's server, fitted together (over the step logs in
+    ``dirs``, default --out): --out/profile-measured.json."""
     from dualpace.profile_file import PROFILE_FORMAT
     from dualpace.sim.costs import fit_step_costs
 
     by_policy = {}
     for p in policies:
-        log = step_log(p, args)
-        if log.exists():
-            by_policy[p] = [json.loads(line) for line in log.read_text().splitlines() if line]
+        for d in dirs or [Path(args.out)]:
+            log = d / f"steps-{p}.jsonl"
+            if log.exists():
+                by_policy.setdefault(p, []).extend(
+                    json.loads(line) for line in log.read_text().splitlines() if line)
     prof = json.loads(Path(args.profile).read_text()) if args.profile else {}
     prof.update({"format": PROFILE_FORMAT,
                  "step_costs": fit_step_costs([s for v in by_policy.values() for s in v]),
@@ -237,6 +266,30 @@ def fit_measured_profile(policies, args) -> Path:
     path = Path(args.out) / "profile-measured.json"
     path.write_text(json.dumps(prof, indent=1))
     return path
+
+
+def repeated_sweeps(model: str, jobs, policies, args) -> tuple[dict, list[dict]]:
+    """--repeat: every policy's sweep args.repeat times, each into --out/rep<i> (its step
+    logs and its own compare.json); returns the per-rate median sweeps and, per repeat,
+    each policy's sustainable rate at that repeat's own target."""
+    import copy
+
+    reps, per_rep = [], []
+    for i in range(1, args.repeat + 1):
+        rep_args = copy.copy(args)
+        rep_args.out = str(Path(args.out) / f"rep{i}")
+        Path(rep_args.out).mkdir(parents=True, exist_ok=True)
+        runs = {p: run_policy(model, p, jobs, rep_args) for p in policies}
+        targets = sweep_targets(runs.get("gpu-only", next(iter(runs.values()))),
+                                args.target_factor)
+        summary = {p: sweep_summary(r, targets) for p, r in runs.items()}
+        (Path(rep_args.out) / "compare.json").write_text(
+            json.dumps({"summary": summary, "runs": runs}, indent=2))
+        reps.append(runs)
+        per_rep.append({p: v["sustainable_rate"] for p, v in summary.items()})
+    median = {p: [median_run([r[p][k] for r in reps]) for k in range(len(args.rates))]
+              for p in policies}
+    return median, per_rep
 
 
 def main() -> None:
@@ -251,7 +304,15 @@ def main() -> None:
     ap.add_argument("--sim-profile", default=None,
                     help="step costs for --simulate (default: --out/profile-measured.json, "
                          "written by a real run)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="real runs: the sweep this many times; compare.json holds the "
+                         "per-rate median (see above)")
     args = ap.parse_args()
+    if args.repeat < 1:
+        raise SystemExit("compare_policies: --repeat must be at least 1")
+    if args.repeat > 1 and args.simulate:
+        raise SystemExit("compare_policies: --repeat is for real runs; --simulate compares "
+                         "with the median they wrote")
     args.rates = [float(x) for x in args.rates.split(",")]
     out = Path(args.out)
     model, jobs = prepare(args)
@@ -267,9 +328,14 @@ def main() -> None:
         results = {p: simulate_policy(model, p, jobs, args, profile) for p in policies}
         extra["sim_profile"] = str(sim_profile)
         name = "compare-sim"
-    else:
+    elif args.repeat == 1:
         results = {p: run_policy(model, p, jobs, args) for p in policies}
         extra["measured_profile"] = str(fit_measured_profile(policies, args))
+        name = "compare"
+    else:
+        results, extra["repeats"] = repeated_sweeps(model, jobs, policies, args)
+        extra["measured_profile"] = str(fit_measured_profile(
+            policies, args, [out / f"rep{i}" for i in range(1, args.repeat + 1)]))
         name = "compare"
     ref = results.get("gpu-only", next(iter(results.values())))
     targets = sweep_targets(ref, args.target_factor)

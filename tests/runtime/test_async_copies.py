@@ -154,11 +154,17 @@ class _Engine:
             w.requests.add(P.NewRequest(req_id=r.rid, sampling=spec))
         return r
 
-    def step(self, rng: random.Random) -> None:
+    def step(self, rng: random.Random, decode_only: bool = False, admit: bool = False) -> None:
+        """A random step (swaps, decodes, 0-2 prefills); ``decode_only``: the GPU-resident
+        requests decode and nothing moves or starts (the step decode graphs replay);
+        ``admit``: nothing leaves the GPU, one host request comes back (else one prompt is
+        prefilled)."""
         on_gpu = [r for r in self.reqs if r.where == "gpu"]
         on_host = [r for r in self.reqs if r.where == "host"]
-        out_ = [r for r in on_gpu if rng.random() < 0.4]
-        in_ = [r for r in on_host if rng.random() < 0.5]
+        calm = decode_only or admit
+        out_ = [] if calm else [r for r in on_gpu if rng.random() < 0.4]
+        in_ = on_host[:1] if admit else [] if calm else [
+            r for r in on_host if rng.random() < 0.5]
         swap_out, swap_in, seqs = [], [], []
         for r in out_:
             n = len(r.tokens) - 1
@@ -181,9 +187,10 @@ class _Engine:
                                   new_blocks=r.blocks[r.sent:], out_index=len(r.out)))
             r.sent = len(r.blocks)
         fresh = [r for r in self.reqs if r.where == "new"]
-        for r in fresh[:rng.randint(0, 2)]:
+        for r in fresh[:0 if decode_only or (admit and in_) else 1 if admit
+                       else rng.randint(0, 2)]:
             nb = blocks_for_tokens(len(r.prompt), BS)
-            if rng.random() < 0.5 and self.gpu.can_allocate(nb):
+            if (admit or rng.random() < 0.5) and self.gpu.can_allocate(nb):
                 r.where, r.blocks, r.sent = "gpu", self.gpu.allocate(nb), nb
                 seqs.append(P.SeqStep(r.rid, r.prompt, 0, new_blocks=r.blocks))
             elif self.host.can_allocate(nb):
@@ -227,6 +234,15 @@ def test_interleaved_migrations_on_the_stand_in_equal_synchronous_copies(tiny_mo
         _assert_same_kv(eager, late)
     assert deferred.landed > 0
     if graphs is not None:
+        # The random steps may never be pure decodes (seed 482: a prefill or a swap in
+        # every one), so one is added: every GPU-resident request decodes, nothing moves
+        # (after bringing one request to the GPU if none is there).
+        if not any(r.where == "gpu" for r in eng.reqs):
+            eng.step(rng, admit=True)
+        before = late.graph_steps
+        eng.step(rng, decode_only=True)
+        _assert_same_kv(eager, late)
+        assert late.graph_steps == before + 1
         assert late.graph_steps > 0 and eager.graph_steps == 0
 
 
