@@ -423,6 +423,14 @@ PLANTS = [
     Plant("sim-jitter-on-the-pipeline", "the gated pipeline's CPU steps are jittered too",
           "dualpace/sim/costs.py", "        if w.route == NEO_PIPELINE:\n            # The gated",
           "        if False:\n            # The gated", ("tests/sim/test_jitter.py",)),
+    Plant("sim-pipeline-counted-twice", "the gated pipeline's CPU half takes the logged "
+          "(whole pipelined) step time", "dualpace/sim/costs.py",
+          "            return CpuStepCost(min(att, t), min(att, t), 0.0)",
+          "            return CpuStepCost(t, min(att, t), 0.0)", ("tests/sim/test_jitter.py",)),
+    Plant("repeat-takes-the-first-sweep", "compare_policies --repeat keeps the first sweep's "
+          "values instead of the median", "bench/compare_policies.py",
+          "            out[key] = statistics.median(nums)", "            out[key] = nums[0]",
+          ("tests/bench/test_compare_repeat.py",)),
     Plant("short-spin-everywhere", "workers spin briefly on cores of their own and under "
           "gpu-only too", "dualpace/runtime/supervisor.py",
           "    two_tiers_share = bool(spec.all_cores) and spec.config.policy_object.host_tier",

@@ -53,9 +53,9 @@ def test_jittered_draws_from_the_steps_bin_and_repeats_with_the_seed():
     assert k in (pytest.approx(0.25), pytest.approx(1.75))
     assert c.attention == pytest.approx(0.001 * k)  # the whole step scales together
     # the gated pipeline's CPU step is never jittered: its logged spread is the wait on the
-    # GPU step it rides, which the simulated workers model
+    # GPU step it rides, which the simulated workers model (it takes its attention, 1 ms)
     neo = [a.cpu_step(CpuStepWork(2, 100, "neo-pipeline")).seconds for _ in range(50)]
-    assert neo == pytest.approx([0.004] * 50)
+    assert neo == pytest.approx([0.001] * 50)
     carrying = [a.gpu_step(GpuStepWork(decode_rows=1, carried_rows=2)) for _ in range(50)]
     assert carrying == pytest.approx([0.002] * 50)  # nor the GPU step the pipeline rides
 
@@ -64,3 +64,13 @@ def test_fits_without_tables_draw_one():
     c = Jittered(_costs(None, None), seed=0)
     assert c.gpu_step(GpuStepWork(decode_rows=1)) == pytest.approx(0.002)
     assert c.cpu_step(CpuStepWork(1, 10, "full-cpu")).seconds == pytest.approx(0.004)
+
+
+def test_the_gated_pipelines_cpu_half_takes_its_attention_not_the_logged_step():
+    """Its logged time is the whole pipelined step, as is the carrying GPU step's, and the
+    engine waits for both: the CPU half costs what it computes alone."""
+    c = _costs(None, None)
+    neo = c.cpu_step(CpuStepWork(2, 100, "neo-pipeline"))
+    assert neo.seconds == pytest.approx(0.001) and neo.attention == pytest.approx(0.001)
+    full = c.cpu_step(CpuStepWork(2, 100, "full-cpu"))
+    assert full.seconds == pytest.approx(0.004) and full.attention == pytest.approx(0.001)
