@@ -421,8 +421,10 @@ PLANTS = [
           'predicted)])',
           '        return self.rng.choice(jitter["tables"][-1])', ("tests/sim/test_jitter.py",)),
     Plant("sim-jitter-on-the-pipeline", "the gated pipeline's CPU steps are jittered too",
-          "dualpace/sim/costs.py", "        if w.route == NEO_PIPELINE:\n            # The gated",
-          "        if False:\n            # The gated", ("tests/sim/test_jitter.py",)),
+          "dualpace/sim/costs.py",
+          "        if w.route == NEO_PIPELINE:\n            # The gated pipeline's two halves",
+          "        if False:\n            # The gated pipeline's two halves",
+          ("tests/sim/test_jitter.py",)),
     Plant("sim-pipeline-counted-twice", "the gated pipeline's CPU half takes the logged "
           "(whole pipelined) step time", "dualpace/sim/costs.py",
           "            return CpuStepCost(min(att, t), min(att, t), 0.0)",
