@@ -72,8 +72,9 @@ def engine_flags(policy: str, args) -> list[str]:
     return flags
 
 
-def step_log(policy: str, args) -> Path:
-    return Path(args.out) / f"steps-{policy}.jsonl"
+def step_log(policy: str, out) -> Path:
+    """Where ``policy``'s server logs its steps in the sweep directory ``out``."""
+    return Path(out) / f"steps-{policy}.jsonl"
 
 
 def start_server(model: str, policy: str, args) -> tuple[subprocess.Popen, str]:
@@ -81,7 +82,7 @@ def start_server(model: str, policy: str, args) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "dualpace", "serve", "--model", model, "--port", str(port),
            *engine_flags(policy, args), "--log-level", "warning"]
     if hasattr(args, "simulate"):  # compare_policies' own runs log their steps
-        log = step_log(policy, args)
+        log = step_log(policy, args.out)
         log.unlink(missing_ok=True)
         cmd += ["--step-log", str(log)]
     proc = subprocess.Popen(cmd)
@@ -224,28 +225,33 @@ def validation(real: dict, simulated: dict, factor: float) -> dict:
     return out
 
 
-def median_run(runs: list[dict]) -> dict:
-    """One sweep point from the same point of several sweeps: the median of every number
-    (dicts of numbers key by key; a value missing or None in some sweeps: the median of the
-    others, None if none has one). The rate must agree."""
-    rates = {r["request_rate"] for r in runs}
-    if len(rates) != 1:
-        raise ValueError(f"median_run: sweep points at different rates {sorted(rates)}")
+def _median_values(points: list[dict]) -> dict:
+    """Key by key (the first point's keys): the median of the numbers, dicts of numbers
+    recursively, else the first point's value; a value missing or None in some points is
+    the median of the others."""
     out: dict = {}
-    for key in runs[0]:
-        vals = [r.get(key) for r in runs]
+    for key in points[0]:
+        vals = [d.get(key) for d in points]
         nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
         if nums:
             out[key] = statistics.median(nums)
         elif any(isinstance(v, dict) for v in vals):
-            out[key] = median_run([{"request_rate": 0, **v} for v in vals if isinstance(v, dict)])
-            out[key].pop("request_rate")
+            out[key] = _median_values([v for v in vals if isinstance(v, dict)])
         else:
             out[key] = vals[0]
     return out
 
 
-def fit_measured_profile(policies, args, dirs: list[Path] | None = None) -> Path:
+def median_run(runs: list[dict]) -> dict:
+    """One sweep point from the same point of several sweeps (``_median_values``); the rate
+    must agree."""
+    rates = {r["request_rate"] for r in runs}
+    if len(rates) != 1:
+        raise ValueError(f"median_run: sweep points at different rates {sorted(rates)}")
+    return _median_values(runs)
+
+
+def fit_measured_profile(policies, args, dirs: list | None = None) -> Path:
     """The step costs of every policy's server, fitted together (over the step logs in
     ``dirs``, default --out): --out/profile-measured.json."""
     from dualpace.profile_file import PROFILE_FORMAT
@@ -253,8 +259,8 @@ def fit_measured_profile(policies, args, dirs: list[Path] | None = None) -> Path
 
     by_policy = {}
     for p in policies:
-        for d in dirs or [Path(args.out)]:
-            log = d / f"steps-{p}.jsonl"
+        for d in dirs or [args.out]:
+            log = step_log(p, d)
             if log.exists():
                 by_policy.setdefault(p, []).extend(
                     json.loads(line) for line in log.read_text().splitlines() if line)
@@ -266,6 +272,23 @@ def fit_measured_profile(policies, args, dirs: list[Path] | None = None) -> Path
     path = Path(args.out) / "profile-measured.json"
     path.write_text(json.dumps(prof, indent=1))
     return path
+
+
+def summarize(results: dict, factor: float, real: bool) -> tuple[dict, dict]:
+    """The targets (``factor`` x gpu-only's lowest-rate point) and each policy's summary;
+    ``real``: with the CPU-tier stall and assist figures only real servers report."""
+    targets = sweep_targets(results.get("gpu-only", next(iter(results.values()))), factor)
+    summary = {}
+    for p, runs in results.items():
+        summary[p] = sweep_summary(runs, targets)
+        if real:
+            summary[p].update({
+                "longest_cpu_stall_s": max(r["cpu_tier_longest_stall_s"] for r in runs),
+                "cpu_stall_p99_s": {str(r["request_rate"]): r["cpu_stall_p99_s"] and
+                                    round(r["cpu_stall_p99_s"], 4) for r in runs},
+                "cpu_tokens": runs[-1]["cpu_tokens"],
+                "assist_calls": {str(r["request_rate"]): r["assist_calls"] for r in runs}})
+    return targets, summary
 
 
 def repeated_sweeps(model: str, jobs, policies, args) -> tuple[dict, list[dict]]:
@@ -280,9 +303,7 @@ def repeated_sweeps(model: str, jobs, policies, args) -> tuple[dict, list[dict]]
         rep_args.out = str(Path(args.out) / f"rep{i}")
         Path(rep_args.out).mkdir(parents=True, exist_ok=True)
         runs = {p: run_policy(model, p, jobs, rep_args) for p in policies}
-        targets = sweep_targets(runs.get("gpu-only", next(iter(runs.values()))),
-                                args.target_factor)
-        summary = {p: sweep_summary(r, targets) for p, r in runs.items()}
+        _, summary = summarize(runs, args.target_factor, real=True)
         (Path(rep_args.out) / "compare.json").write_text(
             json.dumps({"summary": summary, "runs": runs}, indent=2))
         reps.append(runs)
@@ -337,18 +358,7 @@ def main() -> None:
         extra["measured_profile"] = str(fit_measured_profile(
             policies, args, [out / f"rep{i}" for i in range(1, args.repeat + 1)]))
         name = "compare"
-    ref = results.get("gpu-only", next(iter(results.values())))
-    targets = sweep_targets(ref, args.target_factor)
-    summary = {}
-    for p, runs in results.items():
-        summary[p] = sweep_summary(runs, targets)
-        if not args.simulate:
-            summary[p].update({
-                "longest_cpu_stall_s": max(r["cpu_tier_longest_stall_s"] for r in runs),
-                "cpu_stall_p99_s": {str(r["request_rate"]): r["cpu_stall_p99_s"] and
-                                    round(r["cpu_stall_p99_s"], 4) for r in runs},
-                "cpu_tokens": runs[-1]["cpu_tokens"],
-                "assist_calls": {str(r["request_rate"]): r["assist_calls"] for r in runs}})
+    targets, summary = summarize(results, args.target_factor, real=not args.simulate)
     if args.simulate and (out / "compare.json").exists():
         extra["validation"] = validation(json.loads((out / "compare.json").read_text()),
                                          results, args.target_factor)

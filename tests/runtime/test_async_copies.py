@@ -187,8 +187,11 @@ class _Engine:
                                   new_blocks=r.blocks[r.sent:], out_index=len(r.out)))
             r.sent = len(r.blocks)
         fresh = [r for r in self.reqs if r.where == "new"]
-        for r in fresh[:0 if decode_only or (admit and in_) else 1 if admit
-                       else rng.randint(0, 2)]:
+        if decode_only or (admit and in_):
+            prefills = 0
+        else:
+            prefills = 1 if admit else rng.randint(0, 2)
+        for r in fresh[:prefills]:
             nb = blocks_for_tokens(len(r.prompt), BS)
             if (admit or rng.random() < 0.5) and self.gpu.can_allocate(nb):
                 r.where, r.blocks, r.sent = "gpu", self.gpu.allocate(nb), nb
