@@ -71,6 +71,21 @@ int dp_layer_post(const dp_layer_dims *m, const dp_layer_weights *w, const float
 int dp_norm_linear(const float *x, int T, int K, const float *norm, float eps, const void *w,
                    int w_dtype, int N, float *out, float *scratch, int isa, int num_threads);
 
+/* The elementwise phases of the stages above alone, for prefill chunks whose projections run
+ * as GEMMs elsewhere (model/native_stages.py). out [T, H] = RMSNorm(x [T, H]) * w. */
+int dp_rms_norm_rows(const float *x, int T, int H, const float *w, float eps, float *out,
+                     int num_threads);
+
+/* Pre-attention after the QKV projection: qkv [T, (Hq + 2 Hkv) D] (k is normed and rotated
+ * in place) -> q_out [T, Hq, D], K/V written at slots; errors as dp_layer_pre's. */
+int dp_qkv_rope_append(const dp_layer_dims *m, const dp_layer_weights *w, float *qkv, int T,
+                       const int64_t *positions, const int64_t *slots, void *k_cache,
+                       void *v_cache, int kv_dtype, int64_t num_blocks, int BS, float *q_out,
+                       int num_threads);
+
+/* act [T, I] = SiLU(gate_up[:, :I]) * gate_up[:, I:]. */
+int dp_silu_mul_rows(const float *gate_up, int T, int I, float *act, int isa, int num_threads);
+
 /* Write T tokens' K/V ([T, Hkv, D], same dtype as the cache) at flat slots of one layer. */
 int dp_kv_append(void *k_cache, void *v_cache, const void *k, const void *v,
                  const int64_t *slots, int T, int Hkv, int BS, int D, int elem_size,

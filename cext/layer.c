@@ -6,6 +6,10 @@
  *                  down proj + residual                                       -> hidden
  *   dp_norm_linear RMSNorm then one projection (the final norm + LM head)
  *
+ * and, for prefill chunks, whose projections are compute-bound GEMMs better left to torch's
+ * BLAS, the elementwise phases between them as one call each: dp_rms_norm_rows,
+ * dp_qkv_rope_append (q/k norm, RoPE, KV append after the QKV GEMM) and dp_silu_mul_rows.
+ *
  * Each call is one OpenMP region whose phases are separated by barriers; every projection
  * goes through the weight-streaming linear of linear_body.h with W's rows split over the
  * threads, so a decode step costs three calls a layer (these two and attention) instead of
@@ -50,6 +54,46 @@ static void rope_head(float *x, const float *cos, const float *sin, int D) {
     }
 }
 
+/* Positions inside the RoPE table and slots inside the cache, checked before any write. */
+static int check_indices(const dp_layer_dims *m, int T, const int64_t *positions,
+                         const int64_t *slots, int64_t num_blocks, int BS) {
+    for (int r = 0; r < T; r++) {
+        if (positions[r] < 0 || positions[r] >= m->max_positions) return -3;
+        if (slots[r] < 0 || slots[r] >= num_blocks * BS) return -4;
+    }
+    return 0;
+}
+
+/* One (row, head) of the projected qkv [T, (Hq + 2 Hkv) D]: a q head -> q_out (q norm, RoPE);
+ * a KV head: k norm and RoPE in place, then k and v into the row's slot. */
+static void finish_qkv_item(const dp_layer_dims *m, const dp_layer_weights *w, float *qkv,
+                            int64_t it, const int64_t *positions, const int64_t *slots,
+                            void *k_cache, void *v_cache, int kv_dtype, int BS, float *q_out) {
+    const int Hq = m->num_heads, Hkv = m->num_kv_heads, D = m->head_dim;
+    const int heads = Hq + Hkv, N = (Hq + 2 * Hkv) * D;
+    const int r = (int)(it / heads), h = (int)(it % heads);
+    const float *cos = m->cos + positions[r] * D, *sin = m->sin + positions[r] * D;
+    float *row = qkv + (int64_t)r * N;
+    if (h < Hq) {
+        float *q = q_out + ((int64_t)r * Hq + h) * D;
+        if (w->q_norm) rms_norm_row(row + h * D, w->q_norm, m->eps, D, q);
+        else memcpy(q, row + h * D, sizeof(float) * D);
+        rope_head(q, cos, sin, D);
+        return;
+    }
+    const int kh = h - Hq;
+    float *k = row + (Hq + kh) * D;
+    const float *v = row + (Hq + Hkv + kh) * D;
+    if (w->k_norm) rms_norm_row(k, w->k_norm, m->eps, D, k);
+    rope_head(k, cos, sin, D);
+    const int64_t block = slots[r] / BS, off = slots[r] % BS;
+    const int64_t at = ((block * Hkv + kh) * BS + off) * D;
+    for (int d = 0; d < D; d++) {
+        dp_store_elem(k_cache, kv_dtype, at + d, k[d]);
+        dp_store_elem(v_cache, kv_dtype, at + d, v[d]);
+    }
+}
+
 int dp_layer_pre(const dp_layer_dims *m, const dp_layer_weights *w, const float *hidden, int T,
                  const int64_t *positions, const int64_t *slots, void *k_cache, void *v_cache,
                  int kv_dtype, int64_t num_blocks, int BS, float *q_out, float *scratch,
@@ -58,10 +102,8 @@ int dp_layer_pre(const dp_layer_dims *m, const dp_layer_weights *w, const float 
     if (pick(isa, &f)) return -1;
     const int H = m->hidden, Hq = m->num_heads, Hkv = m->num_kv_heads, D = m->head_dim;
     if (T <= 0 || H % 16 || D % 2 || BS <= 0 || num_blocks <= 0) return -2;
-    for (int r = 0; r < T; r++) {
-        if (positions[r] < 0 || positions[r] >= m->max_positions) return -3;
-        if (slots[r] < 0 || slots[r] >= num_blocks * BS) return -4;
-    }
+    const int bad = check_indices(m, T, positions, slots, num_blocks, BS);
+    if (bad) return bad;
     const int N = (Hq + 2 * Hkv) * D;
     float *x = scratch, *qkv = scratch + (int64_t)T * H;
     const int nt = num_threads > 0 ? num_threads : 1;
@@ -75,32 +117,49 @@ int dp_layer_pre(const dp_layer_dims *m, const dp_layer_weights *w, const float 
         dp_row_share(N, t, nth, &lo, &hi);
         if (lo < hi) f.linear(x, T, H, w->qkv, m->w_dtype, N, w->qkv_bias, qkv, lo, hi);
 #pragma omp barrier
-        /* one (row, head) per item: q heads into q_out, k and v heads into their slot */
-        const int heads = Hq + Hkv;
-        for (int64_t it = t; it < (int64_t)T * heads; it += nth) {
-            const int r = (int)(it / heads), h = (int)(it % heads);
-            const float *cos = m->cos + positions[r] * D, *sin = m->sin + positions[r] * D;
-            float *row = qkv + (int64_t)r * N;
-            if (h < Hq) {
-                float *q = q_out + ((int64_t)r * Hq + h) * D;
-                if (w->q_norm) rms_norm_row(row + h * D, w->q_norm, m->eps, D, q);
-                else memcpy(q, row + h * D, sizeof(float) * D);
-                rope_head(q, cos, sin, D);
-            } else {
-                const int kh = h - Hq;
-                float *k = row + (Hq + kh) * D;
-                const float *v = row + (Hq + Hkv + kh) * D;
-                if (w->k_norm) rms_norm_row(k, w->k_norm, m->eps, D, k);
-                rope_head(k, cos, sin, D);
-                const int64_t block = slots[r] / BS, off = slots[r] % BS;
-                const int64_t at = ((block * Hkv + kh) * BS + off) * D;
-                for (int d = 0; d < D; d++) {
-                    dp_store_elem(k_cache, kv_dtype, at + d, k[d]);
-                    dp_store_elem(v_cache, kv_dtype, at + d, v[d]);
-                }
-            }
-        }
+        for (int64_t it = t; it < (int64_t)T * (Hq + Hkv); it += nth)
+            finish_qkv_item(m, w, qkv, it, positions, slots, k_cache, v_cache, kv_dtype, BS,
+                            q_out);
     }
+    return 0;
+}
+
+/* --- the elementwise phases alone, for prefill chunks whose GEMMs run elsewhere ----------- */
+
+int dp_rms_norm_rows(const float *x, int T, int H, const float *w, float eps, float *out,
+                     int num_threads) {
+    if (T <= 0 || H <= 0) return -2;
+    const int nt = num_threads > 0 ? num_threads : 1;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int r = 0; r < T; r++)
+        rms_norm_row(x + (int64_t)r * H, w, eps, H, out + (int64_t)r * H);
+    return 0;
+}
+
+int dp_qkv_rope_append(const dp_layer_dims *m, const dp_layer_weights *w, float *qkv, int T,
+                       const int64_t *positions, const int64_t *slots, void *k_cache,
+                       void *v_cache, int kv_dtype, int64_t num_blocks, int BS, float *q_out,
+                       int num_threads) {
+    if (T <= 0 || m->head_dim % 2 || BS <= 0 || num_blocks <= 0) return -2;
+    const int bad = check_indices(m, T, positions, slots, num_blocks, BS);
+    if (bad) return bad;
+    const int64_t items = (int64_t)T * (m->num_heads + m->num_kv_heads);
+    const int nt = num_threads > 0 ? num_threads : 1;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t it = 0; it < items; it++)
+        finish_qkv_item(m, w, qkv, it, positions, slots, k_cache, v_cache, kv_dtype, BS, q_out);
+    return 0;
+}
+
+int dp_silu_mul_rows(const float *gate_up, int T, int I, float *act, int isa, int num_threads) {
+    isa_fns f;
+    if (pick(isa, &f)) return -1;
+    if (T <= 0 || I <= 0) return -2;
+    const int nt = num_threads > 0 ? num_threads : 1;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int r = 0; r < T; r++)
+        f.silu_mul(gate_up + (int64_t)r * 2 * I, gate_up + (int64_t)r * 2 * I + I,
+                   act + (int64_t)r * I, I);
     return 0;
 }
 

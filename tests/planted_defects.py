@@ -33,6 +33,9 @@ class Plant:
     tests: tuple[str, ...]
 
 
+CHUNK_TEST = ("tests/kernels/test_native_stages.py::"
+              "test_prefill_chunks_take_the_gemm_stages_and_match_torch")
+
 PLANTS = [
     Plant("cpu-admits-unready", "the CPU round admits a request whose KV is still in flight",
           "dualpace/engine/cpu_round.py", "        if not r.ready or r.swap_in_mark:",
@@ -348,10 +351,22 @@ PLANTS = [
           "cext/layer.c",
           "        if (positions[r] < 0 || positions[r] >= m->max_positions) return -3;\n", "",
           ("tests/kernels/test_native_stages.py::test_bad_index_is_an_error_and_writes_nothing",)),
-    Plant("native-for-prefill-chunks", "prefill-sized batches take the weight-streaming stages",
-          "dualpace/model/stages.py",
-          "return self.native if rows <= NATIVE_MAX_ROWS else None", "return self.native",
-          ("tests/kernels/test_native_stages.py::test_prefill_sized_batches_take_the_torch_stages",)),
+    Plant("native-for-prefill-chunks", "prefill-sized batches take the weight-streaming "
+          "post-attention", "dualpace/model/stages.py", "else self.native.post_chunk)",
+          "else self.native.post)", (CHUNK_TEST,)),
+    Plant("chunk-qkv-bias-dropped", "a prefill chunk's QKV GEMM leaves out the QKV bias",
+          "dualpace/model/native_stages.py",
+          "else torch.addmm(lw.qkv_bias, x, lw.qkv.t()))", "else F.linear(x, lw.qkv))",
+          (CHUNK_TEST,)),
+    Plant("chunk-silu-halves-swapped", "a prefill chunk's SiLU * up takes SiLU of the up half",
+          "cext/layer.c",
+          "f.silu_mul(gate_up + (int64_t)r * 2 * I, gate_up + (int64_t)r * 2 * I + I,",
+          "f.silu_mul(gate_up + (int64_t)r * 2 * I + I, gate_up + (int64_t)r * 2 * I,",
+          (CHUNK_TEST,)),
+    Plant("chunk-post-norm-is-input-norm", "a prefill chunk's post-attention normalizes with the "
+          "input norm's weight", "dualpace/model/native_stages.py",
+          "self._norm_rows(out, self.layers[i].post_norm)",
+          "self._norm_rows(out, self.layers[i].input_norm)", (CHUNK_TEST,)),
     Plant("native-attention-trusts-strided-q", "the native attention call hands a strided q "
           "to the kernel unchecked", "dualpace/model/native_stages.py",
           "        if (q.dtype != torch.float32 or q.dim() != 3 or not q.is_contiguous()",

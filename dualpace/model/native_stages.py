@@ -10,6 +10,15 @@ The stage boundaries stay where they are, so Dense Assist (§4.2) still hands
 may change between them (runtime/thread_share.py). Sampling stays in torch: it is one or two
 vector ops on the logits and carries the seeded, top-k/top-p and logprob paths.
 
+Prefill chunks (more than ``NATIVE_MAX_ROWS`` rows) keep torch's GEMMs, which are
+compute-bound there and beat the weight-streaming kernel, but the elementwise work between
+them (RMSNorm; q/k norm, RoPE and KV append; SiLU * up) is one C call each, and the residual
+adds ride in the GEMMs (``addmm``): a layer is then four GEMMs, attention and three short C
+calls instead of some thirty torch ops. Each of those ops was a parallel region whose team
+wakes from sleep (the short OpenMP spin of runtime/supervisor.py when two tiers share cores):
+a 256-token prefill of the llama.cpp comparison model took 97 ms with that spin against 86
+without, and its elementwise ops a quarter of the step (issue 14's single-stream TTFT).
+
 Used only where it computes exactly what the torch stages compute up to rounding: CPU,
 fp32 activations, no tensor-parallel all-reduce, and projection widths that are multiples of
 16. ``DUALPACE_NATIVE_STAGES=0`` turns it off (the torch stages then run everywhere).
@@ -20,6 +29,7 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.nn.functional as F
 
 from dualpace.kernels import cpu as cpu_kernels
 from dualpace.model.config import ModelConfig
@@ -79,6 +89,7 @@ class NativeStages:
         self.ffi, self.lib = cpu_kernels.require()
         ffi = self.ffi
         self.cfg = cfg
+        self.w = weights
         # Everything C points at is kept alive here for the model's life.
         self._keep: list[torch.Tensor] = [cos.float().contiguous(), sin.float().contiguous()]
         m = ffi.new("dp_layer_dims *")
@@ -139,6 +150,57 @@ class NativeStages:
         if rc:
             raise ValueError(_ERRORS.get(rc, f"dp_layer_pre failed with code {rc}"))
         return q
+
+    # --- prefill chunks: torch's GEMMs, the elementwise phases in C ------------------------
+    def _norm_rows(self, x: torch.Tensor, norm) -> torch.Tensor:
+        T, H = x.shape
+        out = torch.empty_like(x)
+        rc = self.lib.dp_rms_norm_rows(_ptr(self.ffi, x), T, H, norm, self.cfg.rms_norm_eps,
+                                       _ptr(self.ffi, out), cpu_kernels.num_threads())
+        if rc:
+            raise ValueError(f"dp_rms_norm_rows failed with code {rc}")
+        return out
+
+    def pre_chunk(self, i: int, hidden: torch.Tensor, positions: torch.Tensor,
+                  slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+                  ) -> torch.Tensor:
+        """``pre`` for a prefill chunk: RMSNorm (C), the QKV GEMM (torch), q/k norm, RoPE
+        and KV append (C) -> q [T, Hq, D]."""
+        cfg, ffi, lw = self.cfg, self.ffi, self.w.layers[i]
+        T = hidden.shape[0]
+        nb, hkv, bs, d = k_cache.shape
+        if (hkv, d) != (cfg.num_kv_heads, cfg.head_dim) or v_cache.shape != k_cache.shape:
+            raise ValueError(f"KV cache shape {tuple(k_cache.shape)} does not match the model")
+        positions, slots = positions.contiguous(), slots.contiguous()
+        x = self._norm_rows(hidden.contiguous(), self.layers[i].input_norm)
+        qkv = (F.linear(x, lw.qkv) if lw.qkv_bias is None
+               else torch.addmm(lw.qkv_bias, x, lw.qkv.t()))
+        q = torch.empty(T, cfg.num_heads, cfg.head_dim, dtype=torch.float32)
+        rc = self.lib.dp_qkv_rope_append(
+            self.dims, self.layers[i], _ptr(ffi, qkv), T,
+            _ptr(ffi, positions, "int64_t *"), _ptr(ffi, slots, "int64_t *"),
+            _ptr(ffi, k_cache, "void *"), _ptr(ffi, v_cache, "void *"),
+            _DTYPE_CODES[k_cache.dtype], nb, bs, _ptr(ffi, q), cpu_kernels.num_threads())
+        if rc:
+            raise ValueError(_ERRORS.get(rc, f"dp_qkv_rope_append failed with code {rc}"))
+        return q
+
+    def post_chunk(self, i: int, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """``post`` for a prefill chunk: O GEMM + residual (one addmm), RMSNorm (C), the
+        gate/up GEMM, SiLU * up (C), the down GEMM + residual (addmm in place)."""
+        ffi, lw = self.ffi, self.w.layers[i]
+        T = hidden.shape[0]
+        out = torch.addmm(hidden, attn, lw.o.t())
+        if lw.o_bias is not None:
+            out += lw.o_bias
+        x = self._norm_rows(out, self.layers[i].post_norm)
+        gate_up = F.linear(x, lw.gate_up)
+        act = torch.empty(T, self.cfg.intermediate_size, dtype=torch.float32)
+        rc = self.lib.dp_silu_mul_rows(_ptr(ffi, gate_up), T, self.cfg.intermediate_size,
+                                       _ptr(ffi, act), _isa_code(), cpu_kernels.num_threads())
+        if rc:
+            raise ValueError(f"dp_silu_mul_rows failed with code {rc}")
+        return out.addmm_(act, lw.down.t())
 
     def decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          block_tables: torch.Tensor, seq_lens: torch.Tensor,

@@ -154,9 +154,10 @@ class StagedModel:
     def pre_attention(
         self, i: int, hidden: torch.Tensor, batch: ForwardBatch, kv: KVCache
     ) -> torch.Tensor:
-        native = self._native_for(hidden.shape[0])
-        if native is not None:
-            return native.pre(i, hidden, batch.positions, batch.slot_mapping, kv.k[i], kv.v[i])
+        if self.native is not None:
+            stage = (self.native.pre if hidden.shape[0] <= NATIVE_MAX_ROWS
+                     else self.native.pre_chunk)
+            return stage(i, hidden, batch.positions, batch.slot_mapping, kv.k[i], kv.v[i])
         q, k, v = self.qkv(i, hidden, batch.positions)
         self.append_kv(i, k, v, batch, kv)
         return q
@@ -202,9 +203,10 @@ class StagedModel:
         return out.reshape(q.shape[0], self.cfg.q_size)
 
     def post_attention(self, i: int, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        native = self._native_for(hidden.shape[0])
-        if native is not None:
-            return native.post(i, hidden, attn)
+        if self.native is not None:
+            stage = (self.native.post if hidden.shape[0] <= NATIVE_MAX_ROWS
+                     else self.native.post_chunk)
+            return stage(i, hidden.contiguous(), attn.contiguous())
         cfg, lw = self.cfg, self.w.layers[i]
         o = self.all_reduce(self.linear(attn, lw.o, None))
         hidden = hidden + (o if lw.o_bias is None else o + lw.o_bias)

@@ -117,32 +117,62 @@ def test_silu_over_its_whole_range(models, isa, monkeypatch):
     _close(nat.post(0, hidden, attn), plain_big.post_attention(0, hidden, attn))
 
 
+CHUNK = NATIVE_MAX_ROWS + 9  # a prefill chunk: torch's GEMMs, the elementwise phases in C
+
+
+@pytest.mark.parametrize("rows", [2, CHUNK])
 @pytest.mark.parametrize("bad", ["position", "slot"])
-def test_bad_index_is_an_error_and_writes_nothing(models, bad):
+def test_bad_index_is_an_error_and_writes_nothing(models, bad, rows):
     cfg, native, _ = models
-    kv = _kv(cfg, torch.float32)
-    hidden = torch.randn(2, cfg.hidden_size)
-    positions = torch.tensor([3, 4])
-    slots = torch.tensor([5, 6])
+    kv = _kv(cfg, torch.float32, blocks=16)
+    hidden = torch.randn(rows, cfg.hidden_size)
+    positions = torch.arange(rows)
+    slots = torch.arange(rows)
     if bad == "position":
-        positions[1] = native.rope.max_positions
+        positions[-1] = native.rope.max_positions
     else:
-        slots[1] = 8 * 16
+        slots[-1] = 16 * 16
+    stage = native.native.pre if rows <= NATIVE_MAX_ROWS else native.native.pre_chunk
     with pytest.raises(ValueError, match="positions" if bad == "position" else "slot_mapping"):
-        native.native.pre(0, hidden, positions, slots, kv.k[0], kv.v[0])
+        stage(0, hidden, positions, slots, kv.k[0], kv.v[0])
     assert not kv.k[0].any() and not kv.v[0].any()
 
 
-def test_prefill_sized_batches_take_the_torch_stages(models, monkeypatch):
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES, ids=str)
+def test_prefill_chunks_take_the_gemm_stages_and_match_torch(models, isa, kv_dtype,
+                                                             monkeypatch):
+    """Above NATIVE_MAX_ROWS rows the weight-streaming stages are not called (torch's GEMM
+    wins there); the chunk stages (GEMMs around C norm, RoPE + KV append, SiLU * up) give
+    the torch stages' q, K/V and hidden, and leave their inputs and other slots alone."""
     cfg, native, plain = models
 
     def refuse(*a, **k):
-        raise AssertionError("native stage called for a prefill-sized batch")
+        raise AssertionError("a weight-streaming stage was called for a prefill chunk")
 
+    monkeypatch.setattr(native.native, "pre", refuse)
     monkeypatch.setattr(native.native, "post", refuse)
-    hidden = torch.randn(NATIVE_MAX_ROWS + 1, cfg.hidden_size)
-    attn = torch.randn(NATIVE_MAX_ROWS + 1, cfg.q_size)
-    _close(native.post_attention(0, hidden, attn), plain.post_attention(0, hidden, attn))
+    g = torch.Generator().manual_seed(11)
+    hidden = torch.randn(CHUNK, cfg.hidden_size, generator=g)
+    hidden_before = hidden.clone()
+    batch = type("B", (), {"positions": torch.randint(0, 500, (CHUNK,), generator=g),
+                           "slot_mapping": torch.randperm(16 * 16, generator=g)[:CHUNK]})
+    kv_n, kv_t = _kv(cfg, kv_dtype, blocks=16), _kv(cfg, kv_dtype, blocks=16)
+    tol = 1e-5 if kv_dtype == torch.float32 else 1e-2
+    for layer in range(cfg.num_layers):
+        q_n = native.pre_attention(layer, hidden, batch, kv_n)
+        q, k, v = plain.qkv(layer, hidden, batch.positions)
+        plain.append_kv(layer, k, v, batch, kv_t)
+        _close(q_n, q)
+        _close(kv_n.k[layer].float(), kv_t.k[layer].float(), tol)
+        _close(kv_n.v[layer].float(), kv_t.v[layer].float(), tol)
+        untouched = torch.ones(16 * 16, dtype=torch.bool)
+        untouched[batch.slot_mapping] = False
+        flat = kv_n.k[layer].permute(0, 2, 1, 3).reshape(16 * 16, -1)
+        assert not flat[untouched].any(), "a slot not in slot_mapping was written"
+        attn = torch.randn(CHUNK, cfg.q_size, generator=g)
+        _close(native.post_attention(layer, hidden, attn),
+               plain.post_attention(layer, hidden, attn))
+    assert torch.equal(hidden, hidden_before), "the stages must not write their inputs"
 
 
 def test_why_not_native(models, monkeypatch):
