@@ -86,6 +86,12 @@ int dp_qkv_rope_append(const dp_layer_dims *m, const dp_layer_weights *w, float 
 /* act [T, I] = SiLU(gate_up[:, :I]) * gate_up[:, I:]. */
 int dp_silu_mul_rows(const float *gate_up, int T, int I, float *act, int isa, int num_threads);
 
+/* Sampling's exponential race (sampling.c): out[r] = argmax_v probs[r, v] / E(keys[r], v)
+ * with E the SplitMix64 Exp(1) noise of dualpace/sampling/sampler.py, exactly as torch
+ * computes it there. probs: [R, V] fp32, row-major. 0, or -5 when out of memory. */
+int dp_exponential_race(const float *probs, int R, int64_t V, const int64_t *keys, int64_t *out,
+                        int num_threads);
+
 /* Write T tokens' K/V ([T, Hkv, D], same dtype as the cache) at flat slots of one layer. */
 int dp_kv_append(void *k_cache, void *v_cache, const void *k, const void *v,
                  const int64_t *slots, int T, int Hkv, int BS, int D, int elem_size,

@@ -367,6 +367,21 @@ PLANTS = [
           "input norm's weight", "dualpace/model/native_stages.py",
           "self._norm_rows(out, self.layers[i].post_norm)",
           "self._norm_rows(out, self.layers[i].input_norm)", (CHUNK_TEST,)),
+    Plant("race-bound-without-1-u", "the C race skips elements by p <= best, as if E >= 1",
+          "cext/sampling.c", "pv <= r.best * (1.0 - u) * (1.0 - 1e-12)",
+          "pv <= r.best * (1.0 - 1e-12)",
+          ("tests/sampling/test_sampler.py::test_c_race_picks_the_tensor_races_token",)),
+    Plant("race-ignores-nan", "the C race passes over NaN probabilities (torch picks the first)",
+          "cext/sampling.c",
+          "        if (pv != pv) { r.idx = v; r.nan = 1; return r; }", "",
+          ("tests/sampling/test_sampler.py::"
+           "test_c_race_returns_the_first_nan_like_torchs_argmax",)),
+    Plant("sampler-race-on-cpu-skipped", "the sampler never takes the C race on CPU",
+          "dualpace/sampling/sampler.py",
+          'if probs.device.type == "cpu" and cpu_kernels.available():',
+          'if probs.device.type == "nowhere" and cpu_kernels.available():',
+          ("tests/sampling/test_sampler.py::"
+           "test_sample_takes_the_c_race_on_cpu_and_the_tensor_race_without_it",)),
     Plant("native-attention-trusts-strided-q", "the native attention call hands a strided q "
           "to the kernel unchecked", "dualpace/model/native_stages.py",
           "        if (q.dtype != torch.float32 or q.dim() != 3 or not q.is_contiguous()",

@@ -280,3 +280,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if rc != 0:  # the checks above make this unreachable; never return unwritten rows
         raise ValueError(f"linear: the kernel refused its arguments (code {rc})")
     return out
+
+
+def exponential_race(probs: torch.Tensor, keys: list[int]) -> torch.Tensor:
+    """argmax over v of probs[r, v] / E(keys[r], v), E the SplitMix64 Exp(1) noise of
+    sampling/sampler.py: the token ``(probs.double() / exponential_noise(keys)).argmax(-1)``
+    picks, computed without materializing the noise (cext/sampling.c). probs: [R, V] fp32;
+    keys: R integers in [0, 2^64). Returns int64 [R]."""
+    ffi, lib = require()
+    _check_tensor(probs, "probs", 2, (torch.float32,))
+    R, V = probs.shape
+    if len(keys) != R or R == 0 or V == 0:
+        raise ValueError(f"probs: {R} rows (of {V}) for {len(keys)} keys; need as many, > 0")
+    if any(not 0 <= k < 1 << 64 for k in keys):
+        raise ValueError("keys: each must be in [0, 2^64)")
+    k = torch.tensor([x - (1 << 64) if x >= 1 << 63 else x for x in keys], dtype=torch.int64)
+    out = torch.empty(R, dtype=torch.int64)
+    rc = lib.dp_exponential_race(ffi.cast("float *", probs.data_ptr()), R, V,
+                                 ffi.cast("int64_t *", k.data_ptr()),
+                                 ffi.cast("int64_t *", out.data_ptr()), num_threads())
+    if rc != 0:
+        raise MemoryError("exponential_race: out of memory")
+    return out

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dualpace.kernels import cpu as cpu_kernels
 from dualpace.sampling.logprobs import TokenLogprobs, token_logprobs
 from dualpace.sampling.penalties import Penalties, apply_penalties
 
@@ -111,10 +112,20 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
             sub = _filter_top_k_top_p(sub, top_k, top_p)
         probs = sub.softmax(dim=-1)
         # Exponential race: argmax(p / E) with E ~ Exp(1) samples from p.
-        noise = exponential_noise([step_seed(rows[i].seed, rows[i].step) for i in rand],
-                                  probs.shape[-1], probs.device)
-        out[idx] = (probs.double() / noise).argmax(dim=-1)
+        keys = [step_seed(rows[i].seed, rows[i].step) for i in rand]
+        out[idx] = exponential_race(probs, keys)
     return out.tolist()
+
+
+def exponential_race(probs: torch.Tensor, keys: list[int]) -> torch.Tensor:
+    """The token each row's race picks: ``(probs.double() / noise).argmax(-1)`` with the
+    noise of ``exponential_noise``. On CPU the C kernel computes exactly that without the
+    noise tensor (kernels/cpu.py; ~15 full-vocabulary tensor passes cost as much as a
+    small model's decode step); elsewhere, and without the C kernels, the tensor ops."""
+    if probs.device.type == "cpu" and cpu_kernels.available():
+        return cpu_kernels.exponential_race(probs.float().contiguous(), keys)
+    noise = exponential_noise(keys, probs.shape[-1], probs.device)
+    return (probs.double() / noise).argmax(dim=-1)
 
 
 def sample_with_logprobs(logits: torch.Tensor, rows: list[SamplingRow]

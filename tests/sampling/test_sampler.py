@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from dualpace.kernels import cpu as cpu_kernels
 from dualpace.sampling.logprobs import token_logprobs
 from dualpace.sampling.params import SamplingParams
 from dualpace.sampling.sampler import (
@@ -139,3 +140,68 @@ def test_noise_chunks_agree_with_one_pass(monkeypatch):
     whole = sampler.exponential_noise(keys, 300, "cpu")
     monkeypatch.setattr(sampler, "_NOISE_CHUNK", 1000)  # three rows a pass
     assert torch.equal(sampler.exponential_noise(keys, 300, "cpu"), whole)
+
+
+needs_cext = pytest.mark.skipif(not cpu_kernels.available(), reason="cext not built")
+
+
+def _torch_race(probs: torch.Tensor, keys: list[int]) -> torch.Tensor:
+    return (probs.double() / exponential_noise(keys, probs.shape[-1], "cpu")).argmax(dim=-1)
+
+
+@needs_cext
+@pytest.mark.parametrize("threads", [1, 2, 5])
+def test_c_race_picks_the_tensor_races_token(threads, monkeypatch):
+    """The C race gives the token of the tensor formula, row for row: sharp and flat
+    distributions, top-k zeros, a 128k vocabulary, 64-bit keys, one row split over the
+    threads in uneven spans and many rows over them."""
+    monkeypatch.setattr(cpu_kernels, "_threads_override", threads)
+    g = torch.Generator().manual_seed(threads)
+    for rows, vocab, scale in ((1, 32000, 3.0), (1, 128256, 1.0), (37, 1000, 8.0),
+                               (64, 50, 0.1), (3, 1, 1.0), (2, 7, 30.0)):
+        probs = (torch.randn(rows, vocab, generator=g) * scale).softmax(-1)
+        if vocab > 50:
+            keep = probs.topk(min(40, vocab), dim=-1).indices
+            probs = torch.zeros_like(probs).scatter(1, keep, probs.gather(1, keep))
+        keys = [int(x) for x in torch.randint(0, 1 << 62, (rows,), generator=g)]
+        keys[0] = (1 << 64) - 1 - keys[0]  # a key with the top bit set
+        assert torch.equal(cpu_kernels.exponential_race(probs, keys), _torch_race(probs, keys))
+
+
+@needs_cext
+def test_c_race_returns_the_first_nan_like_torchs_argmax():
+    probs = torch.full((2, 300), 1 / 300)
+    probs[0, 123] = probs[0, 201] = float("nan")
+    probs[1, 299] = float("nan")
+    keys = [5, 6]
+    got = cpu_kernels.exponential_race(probs, keys)
+    assert got.tolist() == [123, 299] == _torch_race(probs, keys).tolist()
+
+
+@needs_cext
+def test_c_race_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="keys"):
+        cpu_kernels.exponential_race(torch.ones(1, 4), [1 << 64])
+    with pytest.raises(ValueError, match="rows"):
+        cpu_kernels.exponential_race(torch.ones(2, 4), [1])
+    with pytest.raises(ValueError, match="dtype"):
+        cpu_kernels.exponential_race(torch.ones(1, 4, dtype=torch.float64), [1])
+
+
+def test_sample_takes_the_c_race_on_cpu_and_the_tensor_race_without_it(monkeypatch):
+    """Both paths sample the same tokens: a request's seed gives one token whichever
+    implementation (or tier) ran its step."""
+    from dualpace.sampling import sampler
+
+    logits = torch.randn(6, 500, generator=torch.Generator().manual_seed(4))
+    rows = [row(temperature=0.8, top_k=50 * (i % 2), seed=i, step=3) for i in range(6)]
+    calls = []
+    have_c = cpu_kernels.available()
+    race = sampler.cpu_kernels.exponential_race
+    monkeypatch.setattr(sampler.cpu_kernels, "exponential_race",
+                        lambda *a: calls.append(1) or race(*a))
+    with_c = sample(logits, rows)
+    assert len(calls) == (1 if have_c else 0)
+    monkeypatch.setattr(sampler.cpu_kernels, "available", lambda: False)
+    assert sample(logits, rows) == with_c
+    assert len(calls) == (1 if have_c else 0)
