@@ -13,6 +13,12 @@ own convert_hf_to_gguf.py), both cores of the machine, and the same bench/loadge
 - ``concurrent``: --concurrency requests in flight (llama-server gets that many slots,
   continuous batching) -> aggregate tokens/s, TTFT, P99 ITL.
 
+The two phases replay different trace rows (``phase_jobs``): llama-server keeps each slot's
+last prompt and skips the prefill of a prompt it has seen (its prompt cache, on by default),
+so concurrent jobs that repeated the single-stream ones cost it one token of prefill each,
+an advantage that DualPace, without a prefix cache, never gets (seen in its log: "selected
+slot by LCP similarity, f_sim_best = 1.000", then "prompt eval time = ... / 1 tokens").
+
 DualPace runs twice: ``dualpace`` with the default core split (with --gpu-device cpu on two
 cores the "GPU" worker gets core 0 and the CPU worker core 1) and ``dualpace-allcores``,
 whose "GPU" worker computes on every core, sharing the last with the CPU worker.
@@ -152,7 +158,20 @@ def load(url: str, jobs, concurrency: int) -> dict:
     return {k: round(r[k], 4) if isinstance(r[k], float) else r[k] for k in keys}
 
 
-def run_peer(peer: str, model: Path, jobs, args, checks: dict) -> dict:
+def phase_jobs(args, vocab: int) -> tuple[list, list]:
+    """(concurrent jobs, single-stream jobs): the first --num-requests trace rows, then the
+    next --single-requests, so that no prompt of one phase repeats in the other (see the
+    module docstring: llama-server's prompt cache)."""
+    n = args.num_requests + args.single_requests
+    if os.path.exists(args.trace):
+        rows = loadgen.load_trace(args.trace, n, args.clip_input, args.clip_output, vocab, 0)
+    else:
+        rows = loadgen.random_jobs(n, args.clip_input // 2, args.clip_output // 2, 0.9, vocab,
+                                   0)
+    return rows[:args.num_requests], rows[args.num_requests:]
+
+
+def run_peer(peer: str, model: Path, jobs, single_jobs, args, checks: dict) -> dict:
     proc, url = start(peer, model, args)
     try:
         if peer == "llama.cpp":
@@ -164,7 +183,7 @@ def run_peer(peer: str, model: Path, jobs, args, checks: dict) -> dict:
             checks["tokenization_identical_llama_cpp"] = not mismatches
             checks["tokenization_mismatches"] = mismatches
         texts = greedy_texts(url)
-        single = load(url, jobs[:args.single_requests], 1)
+        single = load(url, single_jobs, 1)
         concurrent = load(url, jobs, args.concurrency)
     finally:
         stop(proc)
@@ -212,12 +231,7 @@ def main() -> None:
     model = peer_checkpoint(args.model)
     peer_model.check_tokenizers_agree(model)  # sentencepiece == tokenizer.json, or stop here
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
-    if os.path.exists(args.trace):
-        jobs = loadgen.load_trace(args.trace, args.num_requests, args.clip_input,
-                                  args.clip_output, vocab, 0)
-    else:
-        jobs = loadgen.random_jobs(args.num_requests, args.clip_input // 2,
-                                   args.clip_output // 2, 0.9, vocab, 0)
+    jobs, single_jobs = phase_jobs(args, vocab)
     checks: dict = {"tokenization_identical_sentencepiece_hf": True}
     results: dict = {}
     for peer in args.peers.split(","):
@@ -227,7 +241,7 @@ def main() -> None:
             results[peer] = {"skipped": f"{args.llama_server} not built: run "
                                         "bash bench/peers/build_llama_server.sh"}
             continue
-        results[peer] = run_peer(peer, model, jobs, args, checks)
+        results[peer] = run_peer(peer, model, jobs, single_jobs, args, checks)
     ran = {p: r for p, r in results.items() if "greedy_texts" in r}
     ours = {p: r for p, r in ran.items() if p.startswith("dualpace")}
     if ours:

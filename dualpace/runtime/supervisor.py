@@ -58,7 +58,9 @@ RING = RingLayout()
 # policy's normalized latency at 2 req/s went from 0.051-0.086 to 0.013 s/token, dualpace's
 # at 8 req/s from 0.035 to 0.015 (bench/compare_policies.py). gpu-only keeps the default:
 # its CPU worker never computes, and the short spin cost it ~35% at 12 req/s (0.011 against
-# 0.008 s/token, two runs each).
+# 0.008 s/token, two runs each). Code that opens many short parallel regions pays for the
+# short spin: a prefill chunk as ~30 torch ops a layer took 97 ms for 256 tokens against 86
+# with the default; as four GEMMs and three C calls (model/native_stages.py) 82 either way.
 OMP_SPIN_COUNT = 3000
 
 

@@ -14,6 +14,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path[:0] = [str(BENCH), str(BENCH / "peers")]
 
+import compare_peers  # noqa: E402
 import loadgen  # noqa: E402
 import peer_model  # noqa: E402
 import sentencepiece as spm  # noqa: E402
@@ -130,3 +131,22 @@ def test_floor_rejects_bad_requests(floor_url, body, needle):
     status, raw = _post(floor_url, body)
     assert status == 400
     assert needle in json.loads(raw)["error"]["message"]
+
+
+@pytest.mark.parametrize("from_trace", [True, False])
+def test_the_two_phases_never_replay_a_prompt(tmp_path, from_trace):
+    """llama-server skips the prefill of a prompt a slot has seen (its prompt cache): the
+    single-stream phase takes the trace rows after the concurrent ones, so neither server
+    sees a prompt twice."""
+    trace = tmp_path / "trace.csv"
+    if from_trace:
+        trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+            f"2023-11-16 18:15:{10 + i:02d}.0000000,{40 + i},{5 + i}\n" for i in range(12)))
+    args = type("A", (), {"trace": str(trace), "num_requests": 8, "single_requests": 3,
+                          "clip_input": 256, "clip_output": 128})()
+    concurrent, single = compare_peers.phase_jobs(args, 1000)
+    assert len(concurrent) == 8 and len(single) == 3
+    prompts = [tuple(j.prompt) for j in concurrent + single]
+    assert len(set(prompts)) == len(prompts)
+    if from_trace:  # the trace's rows in order: 8 for the concurrent phase, the next 3 single
+        assert [len(j.prompt) for j in concurrent + single] == [40 + i for i in range(11)]
