@@ -382,6 +382,12 @@ PLANTS = [
           'if probs.device.type == "nowhere" and cpu_kernels.available():',
           ("tests/sampling/test_sampler.py::"
            "test_sample_takes_the_c_race_on_cpu_and_the_tensor_race_without_it",)),
+    Plant("peers-phases-overlap", "the single-stream phase replays the concurrent phase's "
+          "prompts (llama-server's prompt cache skips their prefill)",
+          "bench/peers/compare_peers.py",
+          "return rows[:args.num_requests], rows[args.num_requests:]",
+          "return rows[:args.num_requests], rows[:args.single_requests]",
+          ("tests/bench/test_peers.py::test_the_two_phases_never_replay_a_prompt",)),
     Plant("native-attention-trusts-strided-q", "the native attention call hands a strided q "
           "to the kernel unchecked", "dualpace/model/native_stages.py",
           "        if (q.dtype != torch.float32 or q.dim() != 3 or not q.is_contiguous()",
