@@ -7,8 +7,9 @@ Python between kernels cost as much as the weights' DRAM reads (issue 14 item 2)
 
 The stage boundaries stay where they are, so Dense Assist (§4.2) still hands
 (hidden, attn) or the sampling rows to the GPU between any two calls, and the thread count
-may change between them (runtime/thread_share.py). Sampling stays in torch: it is one or two
-vector ops on the logits and carries the seeded, top-k/top-p and logprob paths.
+may change between them (runtime/thread_share.py). Sampling stays in sampling/sampler.py:
+a few vector ops on the logits that carry the seeded, top-k/top-p and logprob paths, its
+exponential race one C call on CPU.
 
 Prefill chunks (more than ``NATIVE_MAX_ROWS`` rows) keep torch's GEMMs, which are
 compute-bound there and beat the weight-streaming kernel, but the elementwise work between
