@@ -2,12 +2,14 @@
 
     python bench/decode_throughput.py --json
 
-For each batch size B: B prompts of --prompt-len tokens are prefilled, then --steps greedy
-decode steps are timed (batch build, all stages, sampling). transformers runs batched
-``generate`` on the same weights; its prefill time (measured with one new token) is
-subtracted. The roofline is B tokens per (weight bytes a step streams / measured DRAM read
-bandwidth); ``overhead_ms_per_step`` is a step's time beyond that (attention, the stages'
-compute beyond the weight reads, Python, sampling).
+For each batch size B: B prompts of --prompt-len tokens are prefilled, then --steps decode
+steps are timed (batch build, all stages, sampling): greedy, or with --temperature T > 0
+every row samples (seeded, the exponential race of sampling/sampler.py), as an OpenAI
+client's default request does. transformers runs batched ``generate`` on the same weights
+(sampling too when T > 0); its prefill time (measured with one new token) is subtracted.
+The roofline is B tokens per (weight bytes a step streams / measured DRAM read bandwidth);
+``overhead_ms_per_step`` is a step's time beyond that (attention, the stages' compute beyond
+the weight reads, Python, sampling).
 """
 
 from __future__ import annotations
@@ -28,21 +30,24 @@ from dualpace.model.weights import iter_weight_bytes, load_weights
 from dualpace.sampling.sampler import SamplingRow, sample
 
 
-def ours_tokens_per_s(model, cfg, batch: int, prompt_len: int, steps: int, repeats: int):
+def ours_tokens_per_s(model, cfg, batch: int, prompt_len: int, steps: int, repeats: int,
+                      temperature: float = 0.0):
     bs = 16
     need = batch * -(-(prompt_len + steps + 1) // bs)
     pool = BlockPool(need, bs)
     kv = KVCache(cfg.num_layers, need, cfg.num_kv_heads, bs, cfg.head_dim, model.dtype)
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=g).tolist()
-    rows = [SamplingRow(0.0, 1.0, -1, 0, 0)] * batch
+
+    def rows(step: int) -> list[SamplingRow]:
+        return [SamplingRow(temperature, 1.0, -1, seed, step) for seed in range(batch)]
 
     def run():
         tables = [BlockTable(pool) for _ in range(batch)]
         for t in tables:
             t.append(prompt_len)
         fb = build_forward_batch([SeqChunk(p, 0, t.blocks) for p, t in zip(prompts, tables)], bs)
-        last = sample(model.forward(fb, kv), rows)
+        last = sample(model.forward(fb, kv), rows(0))
         import time
 
         t0 = time.perf_counter()
@@ -52,7 +57,7 @@ def ours_tokens_per_s(model, cfg, batch: int, prompt_len: int, steps: int, repea
                 t.append(1)
                 chunks.append(SeqChunk([tok], prompt_len + s, t.blocks))
             fb = build_forward_batch(chunks, bs)
-            last = sample(model.forward(fb, kv), rows)
+            last = sample(model.forward(fb, kv), rows(s + 1))
         dt = time.perf_counter() - t0
         for t in tables:
             t.release()
@@ -67,7 +72,8 @@ def ours_tokens_per_s(model, cfg, batch: int, prompt_len: int, steps: int, repea
     return batch * steps / times[len(times) // 2]
 
 
-def hf_tokens_per_s(path, batch: int, prompt_len: int, steps: int, repeats: int):
+def hf_tokens_per_s(path, batch: int, prompt_len: int, steps: int, repeats: int,
+                    temperature: float = 0.0):
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
@@ -75,11 +81,13 @@ def hf_tokens_per_s(path, batch: int, prompt_len: int, steps: int, repeats: int)
     ids = torch.randint(0, hf.config.vocab_size, (batch, prompt_len),
                         generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
+    sampling = ({"do_sample": True, "temperature": temperature, "top_k": None, "top_p": None}
+                if temperature > 0 else {"do_sample": False})
 
     def gen(n):
         with torch.no_grad():
-            hf.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n,
-                        min_new_tokens=n, pad_token_id=0)
+            hf.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                        pad_token_id=0, **sampling)
 
     t_prefill = median_time(lambda: gen(1), repeats)
     t_all = median_time(lambda: gen(steps + 1), repeats)
@@ -95,7 +103,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="0: greedy (default); > 0: every row samples at this temperature")
     args = ap.parse_args()
+    if args.temperature < 0:
+        ap.error(f"--temperature: must be >= 0, got {args.temperature}")
 
     path = args.model or reference_model_dir()
     cfg = load_model_config(path)
@@ -106,7 +118,8 @@ def main() -> None:
     bw = dram_read_bandwidth(threads)
     results = []
     for b in (int(x) for x in args.batch_sizes.split(",")):
-        ours = ours_tokens_per_s(model, cfg, b, args.prompt_len, args.steps, args.repeats)
+        ours = ours_tokens_per_s(model, cfg, b, args.prompt_len, args.steps, args.repeats,
+                                 args.temperature)
         roof = b * bw / weight_bytes
         # A step makes b tokens: its time against the weight-streaming roofline's.
         step, roof_step = b / ours, weight_bytes / bw
@@ -116,7 +129,8 @@ def main() -> None:
                "step_ms": round(step * 1e3, 2), "roofline_step_ms": round(roof_step * 1e3, 2),
                "overhead_ms_per_step": round((step - roof_step) * 1e3, 2)}
         if not args.no_hf:
-            hf = hf_tokens_per_s(path, b, args.prompt_len, args.steps, args.repeats)
+            hf = hf_tokens_per_s(path, b, args.prompt_len, args.steps, args.repeats,
+                                 args.temperature)
             row.update({"transformers_tokens_per_s": round(hf, 1),
                         "ours_vs_transformers": round(ours / hf, 2)})
         results.append(row)
@@ -126,6 +140,7 @@ def main() -> None:
         "threads": threads, "torch_threads": torch.get_num_threads(),
         "dram_read_gb_per_s": round(bw / 1e9, 1), "cpu": platform.processor() or "?",
         "isa": cpu_kernels.resolve_isa(), "prompt_len": args.prompt_len, "steps": args.steps,
+        "temperature": args.temperature,
         "results": results,
     }, args.json)
 
