@@ -388,6 +388,22 @@ PLANTS = [
           "return rows[:args.num_requests], rows[args.num_requests:]",
           "return rows[:args.num_requests], rows[:args.single_requests]",
           ("tests/bench/test_peers.py::test_the_two_phases_never_replay_a_prompt",)),
+    Plant("filter-denominator-from-candidates", "top-p among the candidates normalizes by the "
+          "candidates' mass alone", "dualpace/sampling/sampler.py",
+          "denom = torch.where(ins, vals.logsumexp(dim=-1), lse[rows])",
+          "denom = vals.logsumexp(dim=-1)",
+          ("tests/sampling/test_sampler.py::"
+           "test_candidate_filter_keeps_what_the_sorted_definition_keeps",)),
+    Plant("filter-wide-rows-kept-as-candidates", "a nucleus wider than the candidates is cut at "
+          "the candidates", "dualpace/sampling/sampler.py",
+          "            done[wide] = _filter_by_sort(sub[wide], top_k[rows][wide], tp[wide])\n",
+          "            pass\n", ("tests/sampling/test_sampler.py::"
+           "test_candidate_filter_keeps_what_the_sorted_definition_keeps",)),
+    Plant("filter-flat-rows-skipped", "flat rows sorted whole are left unfiltered",
+          "dualpace/sampling/sampler.py",
+          "        out[flat] = _filter_by_sort(logits[flat], top_k[flat], top_p[flat])\n",
+          "        pass\n", ("tests/sampling/test_sampler.py::"
+           "test_candidate_filter_keeps_what_the_sorted_definition_keeps",)),
     Plant("native-attention-trusts-strided-q", "the native attention call hands a strided q "
           "to the kernel unchecked", "dualpace/model/native_stages.py",
           "        if (q.dtype != torch.float32 or q.dim() != 3 or not q.is_contiguous()",

@@ -205,3 +205,32 @@ def test_sample_takes_the_c_race_on_cpu_and_the_tensor_race_without_it(monkeypat
     monkeypatch.setattr(sampler.cpu_kernels, "available", lambda: False)
     assert sample(logits, rows) == with_c
     assert len(calls) == (1 if have_c else 0)
+
+
+def test_candidate_filter_keeps_what_the_sorted_definition_keeps():
+    """top-k / top-p among the topk candidates keep exactly the tokens (and logits) the
+    whole-vocabulary sort keeps: peaked rows finished among the candidates, flat rows whose
+    nucleus is wider than the candidates (sorted whole), top-k beyond the candidates, and
+    rows that asked for neither filter, which pass through whole."""
+    from dualpace.sampling.sampler import _CANDIDATES, _filter_by_sort, _filter_top_k_top_p
+
+    g = torch.Generator().manual_seed(9)
+    for vocab in (500, 32000):
+        for scale in (8.0, 3.0, 0.3):  # peaked .. flat (a 0.9 nucleus of ~27k tokens)
+            top_k = torch.tensor([0, 5, 40, 0, 0, 2 * _CANDIDATES, 40, 0])
+            top_p = torch.tensor([0.9, 1.0, 0.9, 0.5, 0.99, 0.95, 1.0, 1.0])
+            logits = torch.randn(len(top_k), vocab, generator=g) * scale
+            got = _filter_top_k_top_p(logits, top_k, top_p)
+            want = _filter_by_sort(logits, top_k, top_p)
+            plain = (top_k <= 0) & (top_p >= 1.0)
+            assert torch.equal(got[plain], logits[plain])
+            assert torch.equal(got[~plain], want[~plain]), (vocab, scale)
+    # the flat rows above needed the whole sort: their nucleus is wider than the candidates
+    probs = (torch.randn(1, 32000, generator=g) * 0.3).softmax(-1)
+    assert probs.topk(_CANDIDATES).values.sum() < 0.9
+    # one token at 1% over a flat tail: it might close among the candidates (1% x 1024 >
+    # 0.9) but does not (they hold ~4%), so it is sorted whole after the candidate pass
+    tail = torch.randn(2, 32000, generator=g) * 1e-3
+    tail[:, 0] = math.log(0.01 * 31999 / 0.99)
+    top_k, top_p = torch.tensor([0, 0]), torch.tensor([0.9, 0.02])
+    assert torch.equal(_filter_top_k_top_p(tail, top_k, top_p), _filter_by_sort(tail, top_k, top_p))
