@@ -404,6 +404,14 @@ PLANTS = [
           "        out[flat] = _filter_by_sort(logits[flat], top_k[flat], top_p[flat])\n",
           "        pass\n", ("tests/sampling/test_sampler.py::"
            "test_candidate_filter_keeps_what_the_sorted_definition_keeps",)),
+    Plant("race-keys-unchecked", "the C race takes a key of 2^64 or more (it wraps)",
+          "dualpace/kernels/cpu.py", "    if any(not 0 <= k < 1 << 64 for k in keys):",
+          "    if any(k < 0 for k in keys):",
+          ("tests/sampling/test_sampler.py::test_c_race_refuses_bad_arguments",)),
+    Plant("filter-plain-rows-filtered", "rows that asked for neither top-k nor top-p go "
+          "through the candidate filter too", "dualpace/sampling/sampler.py",
+          "    rows = ~plain & ~flat", "    rows = ~flat", ("tests/sampling/test_sampler.py::"
+           "test_candidate_filter_keeps_what_the_sorted_definition_keeps",)),
     Plant("native-attention-trusts-strided-q", "the native attention call hands a strided q "
           "to the kernel unchecked", "dualpace/model/native_stages.py",
           "        if (q.dtype != torch.float32 or q.dim() != 3 or not q.is_contiguous()",

@@ -130,14 +130,19 @@ class NativeStages:
             self._scratch = torch.empty(floats, dtype=torch.float32)
         return self._scratch
 
+    def _cache_dims(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int]:
+        """(num_blocks, block_size) of one layer's HND caches, checked against the model."""
+        nb, hkv, bs, d = k_cache.shape
+        if (hkv, d) != (self.cfg.num_kv_heads, self.cfg.head_dim) or v_cache.shape != k_cache.shape:
+            raise ValueError(f"KV cache shape {tuple(k_cache.shape)} does not match the model")
+        return nb, bs
+
     def pre(self, i: int, hidden: torch.Tensor, positions: torch.Tensor,
             slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """RMSNorm, packed QKV, q/k norm, RoPE, KV append -> q [T, Hq, D]."""
         cfg, ffi = self.cfg, self.ffi
         T = hidden.shape[0]
-        nb, hkv, bs, d = k_cache.shape
-        if (hkv, d) != (cfg.num_kv_heads, cfg.head_dim) or v_cache.shape != k_cache.shape:
-            raise ValueError(f"KV cache shape {tuple(k_cache.shape)} does not match the model")
+        nb, bs = self._cache_dims(k_cache, v_cache)
         hidden = hidden.contiguous()
         positions, slots = positions.contiguous(), slots.contiguous()
         q = torch.empty(T, cfg.num_heads, cfg.head_dim, dtype=torch.float32)
@@ -169,9 +174,7 @@ class NativeStages:
         and KV append (C) -> q [T, Hq, D]."""
         cfg, ffi, lw = self.cfg, self.ffi, self.w.layers[i]
         T = hidden.shape[0]
-        nb, hkv, bs, d = k_cache.shape
-        if (hkv, d) != (cfg.num_kv_heads, cfg.head_dim) or v_cache.shape != k_cache.shape:
-            raise ValueError(f"KV cache shape {tuple(k_cache.shape)} does not match the model")
+        nb, bs = self._cache_dims(k_cache, v_cache)
         positions, slots = positions.contiguous(), slots.contiguous()
         x = self._norm_rows(hidden.contiguous(), self.layers[i].input_norm)
         qkv = (F.linear(x, lw.qkv) if lw.qkv_bias is None

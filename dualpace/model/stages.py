@@ -206,7 +206,7 @@ class StagedModel:
         if self.native is not None:
             stage = (self.native.post if hidden.shape[0] <= NATIVE_MAX_ROWS
                      else self.native.post_chunk)
-            return stage(i, hidden.contiguous(), attn.contiguous())
+            return stage(i, hidden, attn)
         cfg, lw = self.cfg, self.w.layers[i]
         o = self.all_reduce(self.linear(attn, lw.o, None))
         hidden = hidden + (o if lw.o_bias is None else o + lw.o_bias)
