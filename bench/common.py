@@ -87,3 +87,24 @@ def wait_healthy(url: str, proc, timeout: float = 120.0) -> None:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"server at {url} did not become healthy") from None
             time.sleep(0.2)
+
+
+def host_cpu_times() -> list[int] | None:
+    """The aggregate CPU line of /proc/stat (user, nice, system, idle, iowait, irq, softirq,
+    steal, ...) in clock ticks; None where there is none (not Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+def steal_fraction(before: list[int] | None, after: list[int] | None) -> float | None:
+    """The share of CPU time the hypervisor gave to other guests between two
+    ``host_cpu_times`` readings (the "st" of vmstat): on a shared cloud box, a sweep whose
+    share is high ran on less machine than its neighbours and says so in its JSON."""
+    if before is None or after is None or len(before) < 8 or len(after) < 8:
+        return None
+    delta = [a - b for a, b in zip(after, before)]
+    total = sum(delta[:8])  # guest time (fields 9-10) is already counted in user
+    return round(delta[7] / total, 4) if total > 0 else None

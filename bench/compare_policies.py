@@ -12,7 +12,9 @@ CPU-tier stall p99 and longest stall (Figure 1's meaning: gaps while a CPU-resid
 was ready). Targets for this small model: a multiple (--target-factor) of the value measured
 at the lowest rate under gpu-only, the unloaded reference. The last line with --json is
 {"policies": {"dualpace": {"sustainable_rate": ..}, "gated": {..}, "gpu-only": {..}}, ..};
-plots go to --out.
+plots go to --out. Each real point also says what share of the host's CPU time the
+hypervisor gave to other guests meanwhile (``host_steal_fraction``, /proc/stat's steal): on
+a shared cloud box that share is what makes one sweep differ from the next.
 
 Every server logs its steps (``serve --step-log``); the run fits the simulator's step costs
 to them and writes ``--out``/profile-measured.json. ``--repeat N`` runs the whole real sweep
@@ -36,7 +38,15 @@ import sys
 from pathlib import Path
 
 import loadgen
-from common import REPO, emit, free_port, scrape_metrics, wait_healthy
+from common import (
+    REPO,
+    emit,
+    free_port,
+    host_cpu_times,
+    scrape_metrics,
+    steal_fraction,
+    wait_healthy,
+)
 
 from dualpace.engine.metrics import histogram_quantile
 from dualpace.sim.plot import plot_sweep
@@ -105,7 +115,9 @@ def run_policy(model: str, policy: str, jobs, args) -> list[dict]:
     before = scrape_metrics(url)  # also opens the first longest-stall window
     try:
         for rate in args.rates:
+            cpu0 = host_cpu_times()
             run = asyncio.run(loadgen.run_rate(loadgen_args(url, args.seed), jobs, rate))
+            run["host_steal_fraction"] = steal_fraction(cpu0, host_cpu_times())
             m = scrape_metrics(url)  # closes this rate's longest-stall window
             run["cpu_tier_longest_stall_s"] = m.get("dualpace:cpu_tier_longest_stall_seconds",
                                                     0.0)
@@ -287,7 +299,9 @@ def summarize(results: dict, factor: float, real: bool) -> tuple[dict, dict]:
                 "cpu_stall_p99_s": {str(r["request_rate"]): r["cpu_stall_p99_s"] and
                                     round(r["cpu_stall_p99_s"], 4) for r in runs},
                 "cpu_tokens": runs[-1]["cpu_tokens"],
-                "assist_calls": {str(r["request_rate"]): r["assist_calls"] for r in runs}})
+                "assist_calls": {str(r["request_rate"]): r["assist_calls"] for r in runs},
+                "host_steal_fraction": {str(r["request_rate"]): r.get("host_steal_fraction")
+                                        for r in runs}})
     return targets, summary
 
 

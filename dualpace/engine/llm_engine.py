@@ -31,6 +31,7 @@ from dualpace.engine.policy import Policy
 from dualpace.engine.request import EngineRequest, Owner, Phase
 from dualpace.engine.stall import CpuStallClock
 from dualpace.engine.state import Limits, SchedulerState
+from dualpace.engine.step_overlap import StepOverlap
 from dualpace.kv.block_pool import BlockPool, blocks_for_tokens
 from dualpace.runtime import translator
 from dualpace.runtime.step_work import cpu_step_work, gpu_step_work
@@ -96,10 +97,10 @@ class LLMEngine:
         # ``serve --step-log`` writes them; the simulator fits its cost models to them.
         self.on_step = None
         self._cpu_record: dict | None = None
-        # Steps in flight and started, per worker group: a step's record says whether the
-        # other group ran beside it (``beside``; on a small box they share cores).
-        self._busy = {"gpu": 0, "cpu": 0}
-        self._started = {"gpu": 0, "cpu": 0}
+        # Steps in flight per worker group: a step's record says whether and for how long
+        # the other group ran beside it (``beside``, ``overlap``; on a small box they share
+        # cores).
+        self._overlap = StepOverlap(self.clock)
         self.neo = NeoCostModel()  # the gated baseline's Eq. 1 model
         self.wire = translator.Translator(eos_ids)
         self._ids = itertools.count(1)
@@ -275,9 +276,9 @@ class LLMEngine:
             coros.append(self._cpu_step(cpu_reqs, route=self.state.policy.forced_route,
                                         split=split))
         t0 = self.clock()
-        snap = self._step_begins("gpu")
+        snap = self._overlap.begin("gpu")
         results = await asyncio.gather(*coros, return_exceptions=True)
-        beside = self._step_ends("gpu", snap)
+        beside, overlap = self._overlap.end("gpu", snap)
         done = results[0]
         if isinstance(done, BaseException):
             self._step_failed(involved, done)
@@ -288,6 +289,7 @@ class LLMEngine:
             self._apply_gpu(plan, rows, done)
             if self.on_step is not None:
                 self.on_step({"kind": "gpu", "step_seconds": step, "beside": beside,
+                              "overlap": overlap,
                               "seconds": self.clock() - (t0 if t_round is None else t_round),
                               **gpu_step_work(batch, len(cpu_reqs)).as_dict()})
         if cpu_reqs:
@@ -398,18 +400,6 @@ class LLMEngine:
                               else self.clock() - t_round)
             self.on_step(rec)
 
-    def _step_begins(self, kind: str) -> tuple[bool, int]:
-        other = "cpu" if kind == "gpu" else "gpu"
-        self._busy[kind] += 1
-        self._started[kind] += 1
-        return self._busy[other] > 0, self._started[other]
-
-    def _step_ends(self, kind: str, snap: tuple[bool, int]) -> int:
-        """1 if the other group had a step in flight at any time during this one."""
-        other = "cpu" if kind == "gpu" else "gpu"
-        self._busy[kind] -= 1
-        return int(snap[0] or self._started[other] != snap[1] or self._busy[other] > 0)
-
     async def _cpu_step(self, reqs: list[EngineRequest], route: str = "",
                         split: int = 0):
         self._introduce("cpu", reqs)
@@ -417,14 +407,14 @@ class LLMEngine:
             r.in_flight = "cpu"
         batch = self.wire.cpu_batch(next(self._steps), reqs, route, split)
         t0 = self.clock()
-        snap = self._step_begins("cpu")
+        snap = self._overlap.begin("cpu")
         try:
             done = await self.workers.cpu.step(batch)
         finally:
-            beside = self._step_ends("cpu", snap)
+            beside, overlap = self._overlap.end("cpu", snap)
         if self.on_step is not None:
             self._cpu_record = {"kind": "cpu", "step_seconds": self.clock() - t0,
-                                "beside": beside,
+                                "beside": beside, "overlap": overlap,
                                 "attention": done.attn_us * 1e-6,
                                 **cpu_step_work(batch, done.route).as_dict()}
         # Eq. 1 compares GPU linear time with CPU *attention* time: the worker reports it.

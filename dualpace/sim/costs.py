@@ -8,7 +8,9 @@ Two sources:
   (``dualpace serve --step-log``): GPU time over the step's tokens, rows, attended context and
   host-link KV; CPU time per route over batch and context. Non-negative least squares (a
   cost never falls as work grows). ``Jittered`` adds the measured spread of steps around
-  the fit (``jitter_table``), the tails that P99 latencies are made of.
+  the fit (``jitter_table``), the tails that P99 latencies are made of. Where the two
+  workers share cores, each fit also has a contention term (``contention_fit``): the
+  simulated workers then share the cores as the real ones did (``slowdown``).
 - ``RooflineCosts``: a hardware description (hardware.py) through per-stage roofline
   formulas: each stage takes max(bytes / bandwidth, FLOPs / peak) scaled by an efficiency,
   plus fixed per-step and per-call overheads.
@@ -34,6 +36,8 @@ JITTER_BINS = 4  # ... per this many bins of step size
 GPU_FEATURES = ("prefill_tokens", "decode_rows", "context", "prefill_context", "link_tokens",
                 "carried_rows", "prefill_step")
 CPU_FEATURES = ("batch", "context")
+OVERLAP = "overlap"  # seconds of a step during which the other worker group ran a step
+MAX_LOST = 0.9  # the contention term's ceiling: a step beside the other keeps 10% of its pace
 
 
 @dataclass(frozen=True)
@@ -49,11 +53,16 @@ class CostModel(Protocol):
 
     def gpu_step(self, w: GpuStepWork, beside: bool = False) -> float:
         """Seconds of one GPU-main step; ``beside``: the CPU worker runs a step meanwhile
-        (where the two share cores, a GPU step is slower then)."""
+        (older fits price such steps apart; fits with a contention term price the step
+        alone, and the workers stretch its overlapped part by ``slowdown``)."""
 
     def cpu_step(self, w: CpuStepWork) -> CpuStepCost:
         """One CPU-worker step: its seconds, its attention part and its Dense Assist
         calls' GPU-main time."""
+
+    def slowdown(self, kind: str, route: str = "") -> float:
+        """How many times slower a ``kind`` ("gpu" or "cpu"; ``route``: the CPU step's)
+        step progresses while the other group runs a step: 1 where they do not contend."""
 
 
 # --- fitted from the real runtime's step log ---------------------------------------------------
@@ -99,39 +108,115 @@ def _feature(record: dict, name: str) -> float:
     return record[name]
 
 
+def contention_fit(samples: list[dict]) -> bool:
+    """Whether a log can say how the two workers slowed each other down: every step records
+    its ``overlap`` (older logs only say ``beside``), and none belongs to the gated pipeline,
+    whose halves wait for each other every layer by design (its GPU step's fit counts the
+    carried rows and the simulated workers model the waits; a contention term on top would
+    count them twice)."""
+    measured = all(OVERLAP in s and "step_seconds" in s for s in samples)
+    return bool(samples) and measured and not any(
+        s.get("carried_rows") or s.get("route") == NEO_PIPELINE for s in samples)
+
+
+def overlap_fraction(record: dict) -> float:
+    """The share of a step's worker round trip during which the other group ran a step."""
+    return min(1.0, record[OVERLAP] / record["step_seconds"]) if record["step_seconds"] > 0 \
+        else 0.0
+
+
+def _weighted_sse(x: np.ndarray, y: np.ndarray, coef: np.ndarray) -> float:
+    xw, yw = _relative(x, y)
+    return float(((yw - xw @ coef) ** 2).sum())
+
+
+def fit_contended(x: np.ndarray, y: np.ndarray, frac: np.ndarray) -> tuple[np.ndarray, float]:
+    """(coefficients of W, c) for ``y = (x @ coef) / (1 - c frac)``: a step that spent the
+    share ``frac`` of its time beside the other group's steps at 1/s of its pace, W its time
+    alone, took ``T`` with ``W = T (1 - frac) + T frac / s``, i.e. ``T = W / (1 - c frac)``,
+    ``c = 1 - 1/s`` the fraction of pace lost. For a given c the model is linear in W's
+    coefficients (``fit_total_preserving`` on the features stretched by 1 / (1 - c frac));
+    c is the one of least weighted error, over a grid of 0.05 and then a golden-section
+    search around its best point.
+
+    Why not ``T = W + c x overlap``, linear in the overlap seconds: a step that runs long
+    for any reason (an interrupt, a stolen core) overlaps the other group for longer, so the
+    regressor grows with the step's own noise and its coefficient comes out too high: 0.58
+    (s = 2.4) on a noisy day's log, where the share, which that noise leaves alone, gives
+    0.35 for GPU steps and 0.2 for CPU steps, and the simulated ITL came out 2x the real
+    one."""
+    def fit(c: float) -> tuple[float, np.ndarray]:
+        xs = x / (1.0 - c * frac)[:, None]
+        coef = fit_total_preserving(xs, y)
+        return _weighted_sse(xs, y, coef), coef
+
+    grid = np.linspace(0.0, MAX_LOST, round(MAX_LOST / 0.05) + 1)
+    best = min(grid, key=lambda c: fit(c)[0])
+    lo, hi = max(0.0, best - 0.05), min(MAX_LOST, best + 0.05)
+    golden = (5 ** 0.5 - 1) / 2
+    a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
+    fa, fb = fit(a)[0], fit(b)[0]
+    for _ in range(40):
+        if fa <= fb:
+            hi, b, fb = b, a, fa
+            a = hi - golden * (hi - lo)
+            fa = fit(a)[0]
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + golden * (hi - lo)
+            fb = fit(b)[0]
+    c = (lo + hi) / 2
+    if fit(best)[0] < fit(c)[0]:  # the grid point beats the search's (an edge of the range)
+        c = float(best)
+    return fit(c)[1], float(c)
+
+
 def fit_step_costs(samples: list[dict]) -> dict:
     """Coefficients for ``FittedCosts`` from step-log records ({"kind": "gpu"|"cpu",
     "seconds", features...}) (weighted: ``_relative``). The intercept is the step's fixed
-    overhead."""
+    overhead.
+
+    Contention (``contention_fit``): each fit also has ``overlap``, the fraction c of pace
+    a step loses while the other group runs one (``fit_contended``; ``FittedCosts.slowdown``
+    turns it into s = 1 / (1 - c)); its other coefficients are then the step's time alone.
+    Older logs fit GPU steps run beside a CPU step apart from those run alone
+    (``gpu_beside``)."""
     out: dict = {"gpu": None, "cpu": {}}
+    contention = contention_fit(samples)
+
+    def fit(rows: list[dict], features: tuple[str, ...], y: np.ndarray) -> tuple[dict, np.ndarray]:
+        """Coefficients by name, and each row's prediction."""
+        x = np.array([[1.0, *(_feature(s, f) for f in features)] for s in rows])
+        if not contention:
+            coef = fit_total_preserving(x, y)
+            return dict(zip(("overhead", *features), coef.tolist())), x @ coef
+        frac = np.array([overlap_fraction(s) for s in rows])
+        coef, c = fit_contended(x, y, frac)
+        return ({**dict(zip(("overhead", *features), coef.tolist())), OVERLAP: c},
+                (x @ coef) / (1.0 - c * frac))
 
     def fit_gpu(rows: list[dict]) -> dict:
-        x = np.array([[1.0, *(_feature(s, f) for f in GPU_FEATURES)] for s in rows])
         y = np.array([s["seconds"] for s in rows])
-        coef = fit_total_preserving(x, y)
+        coefs, pred = fit(rows, GPU_FEATURES, y)
         alone = np.array([s["carried_rows"] == 0 for s in rows])  # see Jittered.gpu_step
-        return {**dict(zip(("overhead", *GPU_FEATURES), coef.tolist())), "samples": len(rows),
-                "jitter": jitter_table(y[alone], (x @ coef)[alone])}
+        return {**coefs, "samples": len(rows), "jitter": jitter_table(y[alone], pred[alone])}
 
     gpu = [s for s in samples if s["kind"] == "gpu"]
     if gpu:
         out["gpu"] = fit_gpu(gpu)
         alone = [s for s in gpu if not s.get("beside")]
         beside = [s for s in gpu if s.get("beside")]
-        if len(alone) >= MIN_SPLIT and len(beside) >= MIN_SPLIT:  # contention, measured
+        if not contention and len(alone) >= MIN_SPLIT and len(beside) >= MIN_SPLIT:
             out["gpu"] = fit_gpu(alone)
             out["gpu_beside"] = fit_gpu(beside)
     routes = sorted({s["route"] for s in samples if s["kind"] == "cpu"})
     for route in routes:
         rows = [s for s in samples if s["kind"] == "cpu" and s["route"] == route]
-        x = np.array([[1.0, *(s[f] for f in CPU_FEATURES)] for s in rows])
         y = np.array([s["seconds"] for s in rows])
-        coef = fit_total_preserving(x, y)
-        att = fit_total_preserving(x, np.array([s.get("attention", 0.0) for s in rows]))
-        out["cpu"][route] = {**dict(zip(("overhead", *CPU_FEATURES), coef.tolist())),
-                             "attention": dict(zip(("overhead", *CPU_FEATURES),
-                                                   att.tolist())),
-                             "samples": len(rows), "jitter": jitter_table(y, x @ coef)}
+        coefs, pred = fit(rows, CPU_FEATURES, y)
+        att, _ = fit(rows, CPU_FEATURES, np.array([s.get("attention", 0.0) for s in rows]))
+        out["cpu"][route] = {**coefs, "attention": att, "samples": len(rows),
+                             "jitter": jitter_table(y, pred)}
     return out
 
 
@@ -176,6 +261,9 @@ class Jittered:
         if not jitter:
             return 1.0
         return self.rng.choice(jitter["tables"][bisect.bisect_right(jitter["edges"], predicted)])
+
+    def slowdown(self, kind: str, route: str = "") -> float:
+        return self.costs.slowdown(kind, route)
 
     def gpu_step(self, w: GpuStepWork, beside: bool = False) -> float:
         t = self.costs.gpu_step(w, beside)
@@ -231,6 +319,12 @@ class FittedCosts:
         if self.cpu:
             return next(iter(self.cpu.values()))
         raise ValueError("step costs: no CPU steps were fitted")
+
+    def slowdown(self, kind: str, route: str = "") -> float:
+        """1 / (1 - the fit's fraction of pace lost while overlapped) (``fit_step_costs``);
+        1 for fits without a contention term."""
+        c = self.gpu if kind == "gpu" else self.cpu_coefs(route)
+        return 1.0 / (1.0 - min(c.get(OVERLAP, 0.0), MAX_LOST))
 
     def cpu_step(self, w: CpuStepWork) -> CpuStepCost:
         c = self.cpu_coefs(w.route)
@@ -301,6 +395,9 @@ class RooflineCosts:
                 + self.gpu_allreduce(w.tokens, 2 * m.num_layers))
 
     # CPU side
+    def slowdown(self, kind: str, route: str = "") -> float:
+        return 1.0  # the hardware descriptions' tiers are separate chips
+
     def cpu_bandwidth(self) -> float:
         c = self.hw.cpu
         return min(c.dram_gbps, c.cores * c.per_core_gbps) * 1e9 * c.eff_mem

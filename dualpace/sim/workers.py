@@ -3,7 +3,11 @@
 virtual clock and return what a real worker would (a token per sampling row, the transfers
 that completed, the route a CPU batch took and its attention time).
 
-Two couplings between the workers are modeled, as the real ones behave:
+Three couplings between the workers are modeled, as the real ones behave:
+- Shared cores: while both groups run a step, each progresses at 1/``slowdown`` of its pace
+  alone (processor sharing; the cost model fits the factors to the step log's ``overlap``),
+  so a step's duration depends on what the other group starts and finishes meanwhile. On
+  separate chips (the hardware descriptions) the factor is 1.
 - Dense Assist (Eq. 8): a CPU step whose route offloads dense stages takes GPU-main time;
   when GPU-main is busy (the stage-boundary service lengthens its step) the next GPU step
   absorbs it; an idle GPU serves the call at once, so GPU-main loses nothing.
@@ -14,7 +18,7 @@ Two couplings between the workers are modeled, as the real ones behave:
 from __future__ import annotations
 
 import asyncio
-import math
+from dataclasses import dataclass
 
 from dualpace.runtime import protocol as P
 from dualpace.runtime.routing import NEO_PIPELINE, assist_calls
@@ -46,6 +50,18 @@ class SimGroup:
         return await self.world.cpu_step(batch)
 
 
+DONE_EPS = 1e-9  # seconds of work left that count as none (float error at the finish time)
+
+
+@dataclass
+class _Running:
+    """A step in flight on the virtual clock."""
+
+    work: float  # seconds it still needs at its pace alone
+    slowdown: float  # its pace divisor while the other group runs a step
+    done: asyncio.Future
+
+
 class SimWorkers:
     def __init__(self, costs: CostModel, thresholds: tuple[int, int], num_layers: int):
         self.costs = costs
@@ -55,8 +71,10 @@ class SimWorkers:
         self.cpu = SimGroup("cpu", self)
         self.available = asyncio.Event()
         self.available.set()
-        self.gpu_busy_until = -1.0
-        self.cpu_busy_until = -1.0
+        self.running: dict[str, _Running | None] = {"gpu": None, "cpu": None}
+        self.gpu_busy = False  # from a GPU step's call to its end (its CPU peers see it)
+        self._updated = 0.0  # when the running steps' work was last brought up to date
+        self._timer: asyncio.TimerHandle | None = None
         self.disturbance = 0.0  # assist GPU time GPU-main owes its next step
         self.neo_rows = 0  # the gated pipeline's CPU rows issued beside the next GPU step
         self.busy = {"gpu": 0.0, "cpu": 0.0}  # seconds each worker ran steps
@@ -66,17 +84,70 @@ class SimWorkers:
     def _now() -> float:
         return asyncio.get_running_loop().time()
 
+    # --- processor sharing --------------------------------------------------------------------
+    def _pace(self, r: _Running) -> float:
+        both = self.running["gpu"] is not None and self.running["cpu"] is not None
+        return 1.0 / r.slowdown if both else 1.0
+
+    def _bring_up_to_date(self) -> None:
+        now = self._now()
+        for r in self.running.values():
+            if r is not None:
+                r.work -= (now - self._updated) * self._pace(r)
+        self._updated = now
+
+    def _next_finish(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        ends = [r.work / self._pace(r) for r in self.running.values() if r is not None]
+        if ends:
+            self._timer = asyncio.get_running_loop().call_later(max(0.0, min(ends)),
+                                                                self._finish)
+
+    def _finish(self) -> None:
+        self._timer = None
+        self._bring_up_to_date()
+        for kind, r in self.running.items():
+            if r is not None and r.work <= DONE_EPS:
+                self.running[kind] = None
+                if not r.done.done():
+                    r.done.set_result(None)
+        self._next_finish()  # the step still running may now have the cores alone
+
+    async def _run(self, kind: str, seconds: float, slowdown: float) -> None:
+        """``seconds`` of work at this group's pace: alone, or 1/``slowdown`` of it while the
+        other group runs a step (the other's pace changes too: both are brought up to date
+        and the next finish rescheduled at every start and finish)."""
+        if self.running[kind] is not None:
+            raise AssertionError(f"two {kind} steps in flight at once")
+        t0 = self._now()
+        self._bring_up_to_date()
+        r = _Running(seconds, slowdown, asyncio.get_running_loop().create_future())
+        self.running[kind] = r
+        self._next_finish()
+        try:
+            await r.done
+        finally:
+            if self.running[kind] is r:  # cancelled mid-step (the engine stopping)
+                self._bring_up_to_date()
+                self.running[kind] = None
+                self._next_finish()
+            self.busy[kind] += self._now() - t0
+
+    # --- the two groups' steps -----------------------------------------------------------------
     async def gpu_step(self, batch: P.GpuBatch) -> P.StepDone:
-        self.gpu_busy_until = math.inf  # busy from now: a CPU step issued beside it sees so
+        self.gpu_busy = True  # a CPU step issued in this same instant sees GPU-main busy
         await asyncio.sleep(0)  # the gated loop issues its CPU sub-batches in the same instant
         carried, self.neo_rows = self.neo_rows, 0
-        beside = carried > 0 or self.cpu_busy_until > self._now()
+        beside = carried > 0 or self.running["cpu"] is not None
         t = self.costs.gpu_step(gpu_step_work(batch, carried), beside) + self.disturbance
         self.disturbance = 0.0
-        self.gpu_busy_until = self._now() + t
-        self.busy["gpu"] += t
         self.steps["gpu"] += 1
-        await asyncio.sleep(t)
+        try:
+            await self._run("gpu", t, self.costs.slowdown("gpu"))
+        finally:
+            self.gpu_busy = False
         ready = [m.req_id for m in (*batch.swap_out, *batch.swap_in)]
         for s in batch.seqs:
             if s.host_blocks:
@@ -89,12 +160,10 @@ class SimWorkers:
         if w.route == NEO_PIPELINE:
             self.neo_rows += w.batch
         c = self.costs.cpu_step(w)
-        if c.gpu_disturbance and self.gpu_busy_until > self._now():
+        if c.gpu_disturbance and self.gpu_busy:
             self.disturbance += c.gpu_disturbance
-        self.busy["cpu"] += c.seconds
         self.steps["cpu"] += 1
-        self.cpu_busy_until = self._now() + c.seconds
-        await asyncio.sleep(c.seconds)
+        await self._run("cpu", c.seconds, self.costs.slowdown("cpu", w.route))
         calls = 0 if w.route == NEO_PIPELINE else assist_calls(w.route, self.num_layers)
         return P.StepDone(step_id=batch.step_id, tokens=[1] * w.batch, route=w.route,
                           assist_calls=calls, attn_us=int(c.attention * 1e6))

@@ -238,6 +238,9 @@ class _Costs:
         t = 0.020 + 1e-3 * w.batch
         return CpuStepCost(t, t / 2, 0.005 if w.route != "full-cpu" else 0.0)
 
+    def slowdown(self, kind, route=""):
+        return 1.0  # separate chips
+
 
 @pytest.mark.parametrize("policy", ["dualpace", "gated", "gpu-only"])
 def test_simulated_runs_complete_every_request_with_invariants_checked(policy):
@@ -334,7 +337,11 @@ def test_the_engine_logs_every_step_with_its_work():
     assert all(r["beside"] in (0, 1) for r in records)
     assert any(r["beside"] for r in gpu) and any(r["beside"] for r in cpu)  # both loops ran
     # the GPU step of the first round ran before any request could reach the CPU tier
-    assert gpu[0]["beside"] == 0
+    assert gpu[0]["beside"] == 0 and gpu[0]["overlap"] == 0
+    # overlap: part of the worker round trip, and only where the other group ran
+    assert all(0 <= r["overlap"] <= r["step_seconds"] + 1e-9 for r in records)
+    assert all(r["beside"] for r in records if r["overlap"] > 0)
+    assert any(r["overlap"] > 0 for r in gpu) and any(r["overlap"] > 0 for r in cpu)
     assert {r["route"] for r in cpu} == {"full-cpu"}
 
 
