@@ -23,7 +23,8 @@ then the per-rate median of the N sweeps, and the profile is fitted to all their
 a shared box one sweep can differ from the next by half its sustainable rate).
 ``--simulate`` runs the very same sweep (same servers' shapes, jobs, offsets, targets and
 keys) in the simulator with that profile (or ``--sim-profile``), so the two JSONs compare
-the simulator with the runtime it models.
+the simulator with the runtime it models; with ``--repeat N`` it takes the per-rate
+median of N jitter seeds (``simulated_sweeps``).
 """
 
 from __future__ import annotations
@@ -177,7 +178,8 @@ def prepare(args) -> tuple[str, list]:
     return model, jobs
 
 
-def simulate_policy(model: str, policy: str, jobs, args, profile: dict) -> list[dict]:
+def simulate_policy(model: str, policy: str, jobs, args, profile: dict,
+                    jitter_seed: int | None = None) -> list[dict]:
     """The same sweep on the virtual clock: the server's engine shape, the same offsets."""
     from dualpace.cli import build_parser
     from dualpace.sim.costs import profile_costs
@@ -189,15 +191,32 @@ def simulate_policy(model: str, policy: str, jobs, args, profile: dict) -> list[
     from dualpace.config import EngineConfig
 
     setup = setup_from_config(EngineConfig.from_options(model, **_engine_options(ns)))
-    costs = profile_costs(profile, policy)
+    costs = profile_costs(profile, policy, contended=args.contention)
     runs = []
     for rate in args.rates:
-        run = simulate(setup, costs, policy, jobs, rate, args.seed)
+        run = simulate(setup, costs, policy, jobs, rate, args.seed, jitter_seed=jitter_seed)
         print(f"{policy} rate {rate} (simulated): norm "
               f"{run['mean_normalized_latency_s']:.3f} s/tok, p99 itl {run['p99_itl_ms']:.0f} "
               f"ms, p99 ttft {run['p99_ttft_ms']:.0f} ms", file=sys.stderr)
         runs.append(run)
     return runs
+
+
+def simulated_sweeps(model: str, jobs, policies, args, profile: dict) -> tuple[dict, list]:
+    """--simulate --repeat N: the sweep with N jitter seeds (args.seed + i; the arrivals stay
+    those of args.seed, as in every real sweep), the per-rate median as the result, as the
+    real --repeat does: a single seed's sustainable rate moved by 5-20% when nothing but the
+    order of its jitter draws changed, since the latency curve crosses the target at a
+    shallow angle."""
+    sweeps = [{p: simulate_policy(model, p, jobs, args, profile, args.seed + i)
+               for p in policies} for i in range(args.repeat)]
+    if args.repeat == 1:
+        return sweeps[0], []
+    per_seed = [{p: v["sustainable_rate"] for p, v in
+                 summarize(s, args.target_factor, real=False)[1].items()} for s in sweeps]
+    median = {p: [median_run([s[p][k] for s in sweeps]) for k in range(len(args.rates))]
+              for p in policies}
+    return median, per_seed
 
 
 def _err(real, sim):
@@ -267,7 +286,7 @@ def fit_measured_profile(policies, args, dirs: list | None = None) -> Path:
     """The step costs of every policy's server, fitted together (over the step logs in
     ``dirs``, default --out): --out/profile-measured.json."""
     from dualpace.profile_file import PROFILE_FORMAT
-    from dualpace.sim.costs import fit_step_costs
+    from dualpace.sim.costs import OVERLAP, fit_step_costs
 
     by_policy = {}
     for p in policies:
@@ -277,10 +296,16 @@ def fit_measured_profile(policies, args, dirs: list | None = None) -> Path:
                 by_policy.setdefault(p, []).extend(
                     json.loads(line) for line in log.read_text().splitlines() if line)
     prof = json.loads(Path(args.profile).read_text()) if args.profile else {}
+    pooled = [s for v in by_policy.values() for s in v]
+    with_gpu = {p: v for p, v in by_policy.items() if any(s["kind"] == "gpu" for s in v)}
     prof.update({"format": PROFILE_FORMAT,
-                 "step_costs": fit_step_costs([s for v in by_policy.values() for s in v]),
-                 "step_costs_by_policy": {p: fit_step_costs(v) for p, v in by_policy.items()
-                                          if any(s["kind"] == "gpu" for s in v)}})
+                 "step_costs": fit_step_costs(pooled),
+                 "step_costs_by_policy": {p: fit_step_costs(v) for p, v in with_gpu.items()}})
+    if pooled and all(OVERLAP in s for s in pooled):
+        prof.update({  # the logs record each step's overlap: --simulate --contention
+            "step_costs_contended": fit_step_costs(pooled, contention=True),
+            "step_costs_contended_by_policy": {p: fit_step_costs(v, contention=True)
+                                               for p, v in with_gpu.items()}})
     path = Path(args.out) / "profile-measured.json"
     path.write_text(json.dumps(prof, indent=1))
     return path
@@ -339,15 +364,16 @@ def main() -> None:
     ap.add_argument("--sim-profile", default=None,
                     help="step costs for --simulate (default: --out/profile-measured.json, "
                          "written by a real run)")
+    ap.add_argument("--contention", action="store_true",
+                    help="--simulate with the step costs that model the two workers sharing "
+                         "cores (processor sharing; see dualpace/sim/costs.py)")
     ap.add_argument("--repeat", type=int, default=1,
-                    help="real runs: the sweep this many times; compare.json holds the "
-                         "per-rate median (see above)")
+                    help="the sweep this many times (real: compare.json holds the per-rate "
+                         "median, see above; --simulate: this many jitter seeds, their "
+                         "per-rate median)")
     args = ap.parse_args()
     if args.repeat < 1:
         raise SystemExit("compare_policies: --repeat must be at least 1")
-    if args.repeat > 1 and args.simulate:
-        raise SystemExit("compare_policies: --repeat is for real runs; --simulate compares "
-                         "with the median they wrote")
     args.rates = [float(x) for x in args.rates.split(",")]
     out = Path(args.out)
     model, jobs = prepare(args)
@@ -360,7 +386,9 @@ def main() -> None:
                              "--simulate first (it measures the step costs), or pass "
                              "--sim-profile")
         profile = json.loads(sim_profile.read_text())
-        results = {p: simulate_policy(model, p, jobs, args, profile) for p in policies}
+        results, per_seed = simulated_sweeps(model, jobs, policies, args, profile)
+        if per_seed:
+            extra["repeats"] = per_seed
         extra["sim_profile"] = str(sim_profile)
         name = "compare-sim"
     elif args.repeat == 1:

@@ -229,6 +229,22 @@ PLANTS = [
     Plant("steal-counts-guest-twice", "the steal share's total counts guest time a second "
           "time", "bench/common.py", "    total = sum(delta[:8])", "    total = sum(delta)",
           ("tests/bench/test_steal_fraction.py",)),
+    Plant("jitter-bins-by-prediction", "the jitter tables are cut on the contended "
+          "prediction while simulated steps look them up by their time alone",
+          "dualpace/sim/costs.py", "    size = predicted if size is None else size",
+          "    size = predicted", ("tests/sim/test_jitter.py",)),
+    Plant("sim-repeat-one-seed", "compare_policies --simulate --repeat runs one jitter seed "
+          "N times", "bench/compare_policies.py",
+          "simulate_policy(model, p, jobs, args, profile, args.seed + i)",
+          "simulate_policy(model, p, jobs, args, profile, args.seed)",
+          ("tests/bench/test_compare_sim_repeat.py",)),
+    Plant("contention-always-on", "the step-cost fit models shared cores unasked",
+          "dualpace/sim/costs.py", "    contention = contention and contention_fit(samples)",
+          "    contention = contention_fit(samples)", ("tests/sim/test_contention.py",)),
+    Plant("profile-contended-ignored", "simulating with --contention takes the plain fits",
+          "dualpace/sim/costs.py",
+          '    key = "step_costs_contended" if contended else "step_costs"',
+          '    key = "step_costs"', ("tests/sim/test_contention.py",)),
     Plant("sim-slowdown-inverted", "the fitted fraction of pace lost is used as the slowdown "
           "itself", "dualpace/sim/costs.py",
           "        return 1.0 / (1.0 - min(c.get(OVERLAP, 0.0), MAX_LOST))",

@@ -35,6 +35,9 @@ def add_parser(sub, add_engine_flags) -> None:
     p.add_argument("--clip-input", type=int, default=0, help="0: no clipping")
     p.add_argument("--clip-output", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--contention", action="store_true",
+                   help="with --profile: the step costs that model the two workers sharing "
+                        "cores (written from step logs that record each step's overlap)")
     p.add_argument("--no-jitter", action="store_true",
                    help="--profile: every step takes its fitted cost (default: the measured "
                         "spread around the fit, seeded with --seed)")
@@ -86,7 +89,7 @@ def build(args, config, policy: str, host_kv_gib: float | None = None,
     if host_kv_gib:
         config = dataclasses.replace(config, cpu_kv_gib=host_kv_gib)
     try:
-        return setup_from_config(config), profile_costs(prof, policy)
+        return setup_from_config(config), profile_costs(prof, policy, args.contention)
     except ValueError as e:
         raise SystemExit(f"simulate: {args.profile}: {e}") from None
 
@@ -134,6 +137,9 @@ def cmd_simulate(args) -> int:
     if bool(args.hardware) == bool(args.profile):
         raise SystemExit("simulate: give one of --hardware (rooflines of a box) or "
                          "--profile (step costs measured here)")
+    if args.contention and not args.profile:
+        raise SystemExit("simulate: --contention needs --profile (a hardware description's "
+                         "tiers are separate chips that share no cores)")
     options = _engine_options(args)
     if args.hardware:  # the model may be a shipped shape name, not a directory
         config = EngineConfig(model=args.model, **options)

@@ -171,35 +171,43 @@ def fit_contended(x: np.ndarray, y: np.ndarray, frac: np.ndarray) -> tuple[np.nd
     return fit(c)[1], float(c)
 
 
-def fit_step_costs(samples: list[dict]) -> dict:
+def fit_step_costs(samples: list[dict], contention: bool = False) -> dict:
     """Coefficients for ``FittedCosts`` from step-log records ({"kind": "gpu"|"cpu",
     "seconds", features...}) (weighted: ``_relative``). The intercept is the step's fixed
     overhead.
 
-    Contention (``contention_fit``): each fit also has ``overlap``, the fraction c of pace
-    a step loses while the other group runs one (``fit_contended``; ``FittedCosts.slowdown``
-    turns it into s = 1 / (1 - c)); its other coefficients are then the step's time alone.
-    Older logs fit GPU steps run beside a CPU step apart from those run alone
-    (``gpu_beside``)."""
-    out: dict = {"gpu": None, "cpu": {}}
-    contention = contention_fit(samples)
+    ``contention`` (and ``contention_fit``): each fit also has ``overlap``, the fraction c of
+    pace a step loses while the other group runs one (``fit_contended``;
+    ``FittedCosts.slowdown`` turns it into s = 1 / (1 - c)); its other coefficients are then
+    the step's time alone. Otherwise GPU steps run beside a CPU step are fitted apart from
+    those run alone (``gpu_beside``) and CPU steps pooled.
 
-    def fit(rows: list[dict], features: tuple[str, ...], y: np.ndarray) -> tuple[dict, np.ndarray]:
-        """Coefficients by name, and each row's prediction."""
+    Contention is opt-in: on this box's two noisy-day validations (4 real sweeps each, 4
+    jitter seeds) the contended model came out 5-16% pessimistic on dualpace's sustainable
+    rate, the default one within 13% (mean error 5% against 10%), though only the contended
+    one models a CPU step alone running ~0.7x and beside a GPU step ~1.25x the pooled fit."""
+    out: dict = {"gpu": None, "cpu": {}}
+    contention = contention and contention_fit(samples)
+
+    def fit(rows: list[dict], features: tuple[str, ...],
+            y: np.ndarray) -> tuple[dict, np.ndarray, np.ndarray]:
+        """Coefficients by name, each row's prediction, and its prediction alone (what the
+        simulated workers price a step by, and so what its jitter is looked up by)."""
         x = np.array([[1.0, *(_feature(s, f) for f in features)] for s in rows])
         if not contention:
             coef = fit_total_preserving(x, y)
-            return dict(zip(("overhead", *features), coef.tolist())), x @ coef
+            return dict(zip(("overhead", *features), coef.tolist())), x @ coef, x @ coef
         frac = np.array([overlap_fraction(s) for s in rows])
         coef, c = fit_contended(x, y, frac)
         return ({**dict(zip(("overhead", *features), coef.tolist())), OVERLAP: c},
-                (x @ coef) / (1.0 - c * frac))
+                (x @ coef) / (1.0 - c * frac), x @ coef)
 
     def fit_gpu(rows: list[dict]) -> dict:
         y = np.array([s["seconds"] for s in rows])
-        coefs, pred = fit(rows, GPU_FEATURES, y)
+        coefs, pred, size = fit(rows, GPU_FEATURES, y)
         alone = np.array([s["carried_rows"] == 0 for s in rows])  # see Jittered.gpu_step
-        return {**coefs, "samples": len(rows), "jitter": jitter_table(y[alone], pred[alone])}
+        return {**coefs, "samples": len(rows),
+                "jitter": jitter_table(y[alone], pred[alone], size[alone])}
 
     gpu = [s for s in samples if s["kind"] == "gpu"]
     if gpu:
@@ -213,16 +221,19 @@ def fit_step_costs(samples: list[dict]) -> dict:
     for route in routes:
         rows = [s for s in samples if s["kind"] == "cpu" and s["route"] == route]
         y = np.array([s["seconds"] for s in rows])
-        coefs, pred = fit(rows, CPU_FEATURES, y)
-        att, _ = fit(rows, CPU_FEATURES, np.array([s.get("attention", 0.0) for s in rows]))
+        coefs, pred, size = fit(rows, CPU_FEATURES, y)
+        att = fit(rows, CPU_FEATURES, np.array([s.get("attention", 0.0) for s in rows]))[0]
         out["cpu"][route] = {**coefs, "attention": att, "samples": len(rows),
-                             "jitter": jitter_table(y, pred)}
+                             "jitter": jitter_table(y, pred, size)}
     return out
 
 
-def jitter_table(actual: np.ndarray, predicted: np.ndarray) -> dict:
+def jitter_table(actual: np.ndarray, predicted: np.ndarray,
+                 size: np.ndarray | None = None) -> dict:
     """How measured steps spread around the fit, by step size: the steps split into
-    ``JITTER_BINS`` bins at quantiles of their predicted seconds (``edges``), and per bin
+    ``JITTER_BINS`` bins at quantiles of their ``size`` (default: their predicted seconds;
+    with a contention term, the prediction alone, which is what a simulated step is priced
+    and looked up by) (``edges``), and per bin
     ``JITTER_QUANTILES`` evenly spaced quantiles (midpoints; measured values, never
     interpolated) of actual / predicted seconds, divided by their mean so that a draw keeps
     the bin's expected total (``tables``).
@@ -233,12 +244,13 @@ def jitter_table(actual: np.ndarray, predicted: np.ndarray) -> dict:
     median step. The tail is relatively longer for short steps (a one-row CPU step 2.8x at
     the 99th percentile, a 16-row one 1.8x), hence the bins: one table for all sizes put
     the short steps' tail on the long ones."""
+    size = predicted if size is None else size
     ok = predicted > 0
     if ok.sum() < JITTER_BINS * 10:
         return {"edges": [], "tables": [[1.0]]}
-    pred, ratio = predicted[ok], actual[ok] / predicted[ok]
-    edges = np.unique(np.quantile(pred, np.arange(1, JITTER_BINS) / JITTER_BINS))
-    which = np.searchsorted(edges, pred, side="right")
+    ratio, size = actual[ok] / predicted[ok], size[ok]
+    edges = np.unique(np.quantile(size, np.arange(1, JITTER_BINS) / JITTER_BINS))
+    which = np.searchsorted(edges, size, side="right")
     mid = (np.arange(JITTER_QUANTILES) + 0.5) / JITTER_QUANTILES
     tables = []
     for b in range(len(edges) + 1):
@@ -283,14 +295,19 @@ class Jittered:
         return CpuStepCost(c.seconds * k, c.attention * k, c.gpu_disturbance * k)
 
 
-def profile_costs(profile: dict, policy: str) -> FittedCosts:
+def profile_costs(profile: dict, policy: str, contended: bool = False) -> FittedCosts:
     """A profile's step costs for ``policy``: the ones fitted to that policy's own server
     where the profile has them (``step_costs_by_policy``: on a small box the workers share
     cores, and a GPU step runs ~25% slower beside a busy CPU worker than alone), else the
-    pooled fit (``step_costs``)."""
-    by_policy = profile.get("step_costs_by_policy") or {}
-    coefs = by_policy.get(policy) or profile.get("step_costs")
+    pooled fit (``step_costs``). ``contended``: the fits with a contention term
+    (``step_costs_contended_by_policy`` / ``step_costs_contended``, fit_step_costs)."""
+    key = "step_costs_contended" if contended else "step_costs"
+    by_policy = profile.get(f"{key}_by_policy") or {}
+    coefs = by_policy.get(policy) or profile.get(key)
     if not coefs:
+        if contended:
+            raise ValueError("profile: no 'step_costs_contended' (bench/compare_policies.py "
+                             "writes them from step logs that record each step's overlap)")
         raise ValueError("profile: no 'step_costs' (write one with bench/compare_policies.py, "
                          "or fit a `serve --step-log` with dualpace.sim.costs.fit_step_costs)")
     return FittedCosts(coefs)

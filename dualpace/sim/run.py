@@ -105,14 +105,15 @@ async def _run(setup: SimSetup, costs: CostModel, policy: str, jobs: list[Job],
 
 def simulate(setup: SimSetup, costs: CostModel, policy: str, jobs: list[Job], rate: float,
              seed: int = 0, burstiness: float = 1.0, check: bool = True,
-             jitter: bool = True) -> dict:
+             jitter: bool = True, jitter_seed: int | None = None) -> dict:
     """One policy at one offered rate: loadgen's summary keys, plus what the simulator saw
     (simulated seconds, wall seconds, steps and busy time per worker). ``jitter``: fitted
     step costs vary as the measured steps did around their fit (``Jittered``, seeded with
-    ``seed``); off, every step takes its prediction."""
+    ``jitter_seed``, default ``seed``, which also draws the arrivals); off, every step
+    takes its prediction."""
     offsets = arrival_times(jobs, rate, burstiness, seed, False, 1.0)
     if jitter and isinstance(costs, FittedCosts):
-        costs = Jittered(costs, seed)
+        costs = Jittered(costs, seed if jitter_seed is None else jitter_seed)
     wall = time.perf_counter()
     results, duration, workers, samples = run_virtual(
         _run(setup, costs, policy, jobs, offsets, check))

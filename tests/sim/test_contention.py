@@ -12,7 +12,14 @@ import pytest
 from dualpace.engine.step_overlap import StepOverlap
 from dualpace.runtime import protocol as P
 from dualpace.runtime.step_work import CpuStepWork, GpuStepWork
-from dualpace.sim.costs import CpuStepCost, FittedCosts, contention_fit, fit_step_costs
+from dualpace.sim.costs import (
+    OVERLAP,
+    CpuStepCost,
+    FittedCosts,
+    contention_fit,
+    fit_step_costs,
+    profile_costs,
+)
 from dualpace.sim.loop import run_virtual
 from dualpace.sim.workers import SimWorkers
 
@@ -99,7 +106,7 @@ def test_the_fit_recovers_each_workers_pace_alone_and_its_slowdown():
     built that way the fit finds W's coefficients and s for each worker."""
     log = _contended_log()
     assert contention_fit(log)
-    costs = FittedCosts(fit_step_costs(log))
+    costs = FittedCosts(fit_step_costs(log, contention=True))
     assert costs.gpu_beside is None  # the contention term replaces the beside split
     assert costs.gpu_step(GpuStepWork(decode_rows=5)) == pytest.approx(0.004, rel=1e-6)
     assert costs.cpu_step(CpuStepWork(4, 400, "full-cpu")).seconds == pytest.approx(
@@ -112,12 +119,26 @@ def test_logs_without_overlap_or_with_the_gated_pipeline_fit_no_contention():
     log = _contended_log()
     old = [{k: v for k, v in r.items() if k != "overlap"} for r in log]
     assert not contention_fit(old)
-    assert FittedCosts(fit_step_costs(old)).slowdown("gpu") == 1.0
+    assert FittedCosts(fit_step_costs(old, contention=True)).slowdown("gpu") == 1.0
     gated = [*log, _cpu_rec(2, 0.001, 0.003, route="neo-pipeline")]
     assert not contention_fit(gated)
-    costs = FittedCosts(fit_step_costs(gated))
+    costs = FittedCosts(fit_step_costs(gated, contention=True))
     assert costs.slowdown("gpu") == 1.0 and costs.slowdown("cpu", "neo-pipeline") == 1.0
     assert not contention_fit([])
+
+
+def test_contention_is_opt_in_and_a_profile_keeps_both_fits_apart():
+    log = _contended_log()
+    plain = fit_step_costs(log)
+    assert OVERLAP not in plain["gpu"] and FittedCosts(plain).slowdown("cpu", "full-cpu") == 1.0
+    contended = fit_step_costs(log, contention=True)
+    profile = {"step_costs_by_policy": {"dualpace": plain},
+               "step_costs_contended_by_policy": {"dualpace": contended}}
+    assert profile_costs(profile, "dualpace").slowdown("gpu") == 1.0
+    assert profile_costs(profile, "dualpace", contended=True).slowdown("gpu") == pytest.approx(
+        1.25, rel=1e-6)
+    with pytest.raises(ValueError, match="overlap"):  # a profile from older step logs
+        profile_costs({"step_costs": plain}, "dualpace", contended=True)
 
 
 def test_a_fitted_slowdown_is_capped():
@@ -246,5 +267,5 @@ def test_a_noisy_step_overlapping_for_longer_does_not_inflate_the_slowdown():
         rows, frac = rng.randint(1, 16), rng.random()
         t = (0.002 + 0.0004 * rows) * rng.lognormvariate(0.0, 0.3) / (1 - 0.2 * frac)
         log.append(_gpu_rec(rows, frac * t, t))
-    costs = FittedCosts(fit_step_costs(log))
+    costs = FittedCosts(fit_step_costs(log, contention=True))
     assert costs.slowdown("gpu") == pytest.approx(1.25, abs=0.05)

@@ -25,6 +25,18 @@ def test_jitter_table_bins_by_predicted_size_and_keeps_each_bins_mean():
     assert set(long_) == {1.0}  # a constant ratio is no spread once the mean is divided out
 
 
+def test_jitter_bins_follow_the_size_steps_are_looked_up_by():
+    """With a contention term a simulated step is priced, and its jitter looked up, by its
+    time alone; the bins are cut on that size, the ratios still taken to the prediction."""
+    pred = np.array([0.002] * 100 + [0.010] * 100)  # with contention
+    alone = pred / 2
+    actual = np.concatenate([np.full(90, 0.002), np.full(10, 0.006), np.full(100, 0.012)])
+    t = jitter_table(actual, pred, alone)
+    assert t["edges"] == pytest.approx([0.001, 0.003, 0.005])
+    assert sorted(set(t["tables"][1])) == pytest.approx([1 / 1.2, 3 / 1.2], abs=1e-4)
+    assert set(t["tables"][3]) == {1.0}
+
+
 def test_jitter_table_without_enough_steps_is_no_spread():
     assert jitter_table(np.array([0.002] * 5), np.array([0.001] * 5)) == {
         "edges": [], "tables": [[1.0]]}
@@ -74,3 +86,20 @@ def test_the_gated_pipelines_cpu_half_takes_its_attention_not_the_logged_step():
     assert neo.seconds == pytest.approx(0.001) and neo.attention == pytest.approx(0.001)
     full = c.cpu_step(CpuStepWork(2, 100, "full-cpu"))
     assert full.seconds == pytest.approx(0.004) and full.attention == pytest.approx(0.001)
+
+
+def test_a_jitter_seed_changes_the_draws_and_keeps_the_arrivals():
+    """compare_policies --simulate --repeat: each seed redraws the step jitter over the same
+    arrivals (every real sweep replays the same offsets)."""
+    from dualpace.sim.run import simulate
+
+    from .test_simulator import _jobs, _small_setup
+
+    costs = _costs({"edges": [], "tables": [[0.5, 1.5]]}, {"edges": [], "tables": [[0.5, 1.5]]})
+    jobs = _jobs(20)
+    base = simulate(_small_setup(), costs, "dualpace", jobs, rate=10.0, seed=4)
+    same = simulate(_small_setup(), costs, "dualpace", jobs, rate=10.0, seed=4, jitter_seed=4)
+    other = simulate(_small_setup(), costs, "dualpace", jobs, rate=10.0, seed=4, jitter_seed=5)
+    assert same["mean_e2el_ms"] == base["mean_e2el_ms"]
+    assert other["mean_e2el_ms"] != base["mean_e2el_ms"]
+    assert other["completed"] == base["completed"] == 20

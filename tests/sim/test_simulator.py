@@ -303,6 +303,11 @@ def test_cli_hardware_mode_json(tmp_path):
                           "--trace", str(trace), "--rates", "1"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "one of --hardware" in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "dualpace", "simulate", "--model",
+                          "llama-3.1-8b", "--hardware", "rtx4090-xeon4510", "--contention",
+                          "--trace", str(trace), "--rates", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "--contention needs --profile" in bad.stderr
 
 
 def test_the_engine_logs_every_step_with_its_work():
