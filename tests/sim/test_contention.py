@@ -183,13 +183,12 @@ def _cpu_batch(step):
     return P.CpuBatch(step_id=step, seqs=[P.SeqStep(req_id=2, token_ids=[1], start_pos=5)])
 
 
-def test_steps_beside_each_other_share_the_cores_as_fitted():
-    """GPU 0..: 10 ms of work. CPU from 5 ms: 20 ms of work. Beside each other the GPU's
-    remaining 5 ms take 10 ms (ends at 15 ms) while the CPU does 10/1.5 ms of its work; the
-    CPU's remaining 13.33 ms run alone (ends at 28.33 ms)."""
+def _gpu_then_cpu(cpu_ms: float, cpu_start: float):
+    """A GPU step from 0 and a CPU step of ``cpu_ms`` from ``cpu_start`` seconds: when each
+    ended, and the workers."""
     async def main():
         loop = asyncio.get_running_loop()
-        w = _workers(_Shared())
+        w = _workers(_Shared(cpu_ms))
         ends = {}
 
         async def gpu():
@@ -197,14 +196,21 @@ def test_steps_beside_each_other_share_the_cores_as_fitted():
             ends["gpu"] = loop.time()
 
         async def cpu():
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(cpu_start)
             await w.cpu.step(_cpu_batch(2))
             ends["cpu"] = loop.time()
 
         await asyncio.gather(gpu(), cpu())
         return ends, w
 
-    ends, w = run_virtual(main())
+    return run_virtual(main())
+
+
+def test_steps_beside_each_other_share_the_cores_as_fitted():
+    """GPU 0..: 10 ms of work. CPU from 5 ms: 20 ms of work. Beside each other the GPU's
+    remaining 5 ms take 10 ms (ends at 15 ms) while the CPU does 10/1.5 ms of its work; the
+    CPU's remaining 13.33 ms run alone (ends at 28.33 ms)."""
+    ends, w = _gpu_then_cpu(20.0, 0.005)
     assert ends["gpu"] == pytest.approx(0.015)
     assert ends["cpu"] == pytest.approx(0.005 + 0.010 + (0.020 - 0.010 / 1.5))
     assert w.busy["gpu"] == pytest.approx(0.015)
@@ -215,24 +221,7 @@ def test_steps_beside_each_other_share_the_cores_as_fitted():
 def test_a_step_inside_the_others_stretches_by_its_factor_and_the_others_by_the_overlap():
     """CPU 3 ms of work from 2 ms, inside a 10 ms GPU step: the CPU step takes 4.5 ms
     (ends 6.5 ms); the GPU did 2 + 4.5/2 ms of work by then, its last 5.75 ms alone."""
-    async def main():
-        loop = asyncio.get_running_loop()
-        w = _workers(_Shared(cpu_ms=3.0))
-        ends = {}
-
-        async def gpu():
-            await w.gpu.step(_gpu_batch(1))
-            ends["gpu"] = loop.time()
-
-        async def cpu():
-            await asyncio.sleep(0.002)
-            await w.cpu.step(_cpu_batch(2))
-            ends["cpu"] = loop.time()
-
-        await asyncio.gather(gpu(), cpu())
-        return ends
-
-    ends = run_virtual(main())
+    ends, _ = _gpu_then_cpu(3.0, 0.002)
     assert ends["cpu"] == pytest.approx(0.0065)
     assert ends["gpu"] == pytest.approx(0.0065 + (0.010 - 0.002 - 0.0045 / 2))
 
