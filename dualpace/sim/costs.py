@@ -121,8 +121,9 @@ def contention_fit(samples: list[dict]) -> bool:
 
 def overlap_fraction(record: dict) -> float:
     """The share of a step's worker round trip during which the other group ran a step."""
-    return min(1.0, record[OVERLAP] / record["step_seconds"]) if record["step_seconds"] > 0 \
-        else 0.0
+    if record["step_seconds"] <= 0:
+        return 0.0
+    return min(1.0, record[OVERLAP] / record["step_seconds"])
 
 
 def _weighted_sse(x: np.ndarray, y: np.ndarray, coef: np.ndarray) -> float:
@@ -150,25 +151,27 @@ def fit_contended(x: np.ndarray, y: np.ndarray, frac: np.ndarray) -> tuple[np.nd
         coef = fit_total_preserving(xs, y)
         return _weighted_sse(xs, y, coef), coef
 
-    grid = np.linspace(0.0, MAX_LOST, round(MAX_LOST / 0.05) + 1)
-    best = min(grid, key=lambda c: fit(c)[0])
+    def sse(c: float) -> float:
+        return fit(c)[0]
+
+    best = float(min(np.linspace(0.0, MAX_LOST, round(MAX_LOST / 0.05) + 1), key=sse))
     lo, hi = max(0.0, best - 0.05), min(MAX_LOST, best + 0.05)
     golden = (5 ** 0.5 - 1) / 2
     a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
-    fa, fb = fit(a)[0], fit(b)[0]
+    fa, fb = sse(a), sse(b)
     for _ in range(40):
         if fa <= fb:
             hi, b, fb = b, a, fa
             a = hi - golden * (hi - lo)
-            fa = fit(a)[0]
+            fa = sse(a)
         else:
             lo, a, fa = a, b, fb
             b = lo + golden * (hi - lo)
-            fb = fit(b)[0]
-    c = (lo + hi) / 2
-    if fit(best)[0] < fit(c)[0]:  # the grid point beats the search's (an edge of the range)
-        c = float(best)
-    return fit(c)[1], float(c)
+            fb = sse(b)
+    searched, best_fit = (lo + hi) / 2, fit(best)
+    searched_fit = fit(searched)
+    # the grid point wins where the optimum sits on an edge of the range
+    return (best_fit[1], best) if best_fit[0] < searched_fit[0] else (searched_fit[1], searched)
 
 
 def fit_step_costs(samples: list[dict], contention: bool = False) -> dict:
@@ -189,12 +192,12 @@ def fit_step_costs(samples: list[dict], contention: bool = False) -> dict:
     out: dict = {"gpu": None, "cpu": {}}
     contention = contention and contention_fit(samples)
 
-    def fit(rows: list[dict], features: tuple[str, ...],
-            y: np.ndarray) -> tuple[dict, np.ndarray, np.ndarray]:
+    def fit(rows: list[dict], features: tuple[str, ...], y: np.ndarray,
+            contended: bool = contention) -> tuple[dict, np.ndarray, np.ndarray]:
         """Coefficients by name, each row's prediction, and its prediction alone (what the
         simulated workers price a step by, and so what its jitter is looked up by)."""
         x = np.array([[1.0, *(_feature(s, f) for f in features)] for s in rows])
-        if not contention:
+        if not contended:
             coef = fit_total_preserving(x, y)
             return dict(zip(("overhead", *features), coef.tolist())), x @ coef, x @ coef
         frac = np.array([overlap_fraction(s) for s in rows])
@@ -222,7 +225,10 @@ def fit_step_costs(samples: list[dict], contention: bool = False) -> dict:
         rows = [s for s in samples if s["kind"] == "cpu" and s["route"] == route]
         y = np.array([s["seconds"] for s in rows])
         coefs, pred, size = fit(rows, CPU_FEATURES, y)
-        att = fit(rows, CPU_FEATURES, np.array([s.get("attention", 0.0) for s in rows]))[0]
+        # the attention part feeds only the gated baseline's Eq. 1, and gated logs are never
+        # fitted with contention: a plain fit, without a search for a factor nothing reads
+        att = fit(rows, CPU_FEATURES, np.array([s.get("attention", 0.0) for s in rows]),
+                  contended=False)[0]
         out["cpu"][route] = {**coefs, "attention": att, "samples": len(rows),
                              "jitter": jitter_table(y, pred, size)}
     return out
