@@ -38,11 +38,14 @@ int dp_paged_decode_attention(
         }
         if (L > max_len) max_len = L;
     }
-    /* Split KV only when (sequence, head) pairs alone cannot keep every thread busy. */
+    /* Items are (sequence, KV segment, range of KV heads). An item over all of a block's
+     * heads reads them as one contiguous run (attention_body.h), so a sequence is split
+     * only while there are too few items to keep every thread busy: first into KV segments
+     * (no shorter than DP_MIN_SEGMENT), then into head ranges. */
+    const int64_t want = 4 * (int64_t)nt;
     int seg = max_len;
-    if ((int64_t)B * Hkv < 4 * (int64_t)nt) {
-        const int want = (int)((4 * (int64_t)nt + (int64_t)B * Hkv - 1) / ((int64_t)B * Hkv));
-        seg = (max_len + want - 1) / want;
+    if (B < want) {
+        seg = (int)((max_len + (want + B - 1) / B - 1) / ((want + B - 1) / B));
         if (seg < DP_MIN_SEGMENT) seg = DP_MIN_SEGMENT;
         seg = (seg + BS - 1) / BS * BS;
     }
@@ -54,11 +57,17 @@ int dp_paged_decode_attention(
         nseg_total += (seq_lens[b] + seg - 1) / seg;
     }
     seg_first[B] = (int)nseg_total;
+    int HG = 1;  /* head ranges per segment */
+    if (nseg_total < want) {
+        HG = (int)((want + nseg_total - 1) / nseg_total);
+        if (HG > Hkv) HG = Hkv;
+    }
+    const int hmax = (Hkv + HG - 1) / HG;  /* the most heads in one range */
     int *seg_seq = malloc(sizeof(int) * (size_t)nseg_total);
-    const int64_t items = nseg_total * Hkv;
-    float *pm = malloc(sizeof(float) * (size_t)(items * G));
-    float *pl = malloc(sizeof(float) * (size_t)(items * G));
-    float *pacc = malloc(sizeof(float) * (size_t)(items * G * D));
+    const int64_t items = nseg_total * HG;
+    float *pm = malloc(sizeof(float) * (size_t)(nseg_total * Hq));
+    float *pl = malloc(sizeof(float) * (size_t)(nseg_total * Hq));
+    float *pacc = malloc(sizeof(float) * (size_t)(nseg_total * Hq * D));
     if (!seg_seq || !pm || !pl || !pacc) {
         free(seg_first); free(seg_seq); free(pm); free(pl); free(pacc);
         return -5;
@@ -71,7 +80,7 @@ int dp_paged_decode_attention(
     int oom = 0;
 #pragma omp parallel num_threads(nt)
     {
-        float *ws = malloc(sizeof(float) * ((size_t)G * D + (size_t)G * BS + (size_t)G));
+        float *ws = malloc(sizeof(float) * ((size_t)hmax * G * D + 2 * (size_t)G * BS + D));
         if (!ws) {
 #pragma omp atomic write
             oom = 1;
@@ -79,11 +88,13 @@ int dp_paged_decode_attention(
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
             if (!ws) continue;
-            const int64_t sidx = it / Hkv;
-            const int h = (int)(it % Hkv), b = seg_seq[sidx];
+            const int64_t sidx = it / HG;
+            const int hg = (int)(it % HG), b = seg_seq[sidx];
+            const int h0 = (int)((int64_t)hg * Hkv / HG);
+            const int h1 = (int)((int64_t)(hg + 1) * Hkv / HG);
             const int t0 = (int)(sidx - seg_first[b]) * seg;
             const int t1 = t0 + seg < seq_lens[b] ? t0 + seg : seq_lens[b];
-            fn(&a, b, h, t0, t1, pm + it * G, pl + it * G, pacc + it * G * D, ws);
+            fn(&a, b, h0, h1, t0, t1, pm + sidx * Hq, pl + sidx * Hq, pacc + sidx * Hq * D, ws);
         }
         free(ws);
     }
@@ -105,8 +116,7 @@ int dp_paged_decode_attention(
                 const float *acc = pacc + i * D;
                 for (int d = 0; d < D; d++) o[d] += acc[d] * w;
             }
-            const float inv = 1.f / L;
-            for (int d = 0; d < D; d++) dp_store_elem(out, q_dtype, r * D + d, o[d] * inv);
+            dp_store_row(out, q_dtype, r * D, o, D, 1.f / L);
         }
     }
     free(seg_first); free(seg_seq); free(pm); free(pl); free(pacc);

@@ -34,6 +34,8 @@ static inline __m512 exp16(__m512 x) {
 typedef __m512 VEC;
 #define VW 16
 #define QK_TT(G) ((G) <= 4 ? 4 : ((G) <= 8 ? 2 : 1)) /* 32 zmm registers */
+#define PV_ACC 16 /* PV accumulators (attention_simd.h) */
+
 static inline __attribute__((always_inline)) VEC vzero(void) { return _mm512_setzero_ps(); }
 static inline __attribute__((always_inline)) VEC vset1(float f) { return _mm512_set1_ps(f); }
 static inline __attribute__((always_inline)) VEC vloadu(const float *p) { return _mm512_loadu_ps(p); }

@@ -2,21 +2,23 @@
 #include <math.h>
 #include "dp_internal.h"
 
-static inline __attribute__((always_inline)) void prim_qk_block(const float *q, const char *k, int64_t row, int n,
-                                              int dtype, int D, int G, float *s, int BS) {
+static inline __attribute__((always_inline)) void prim_qk_block(
+    const float *q, const char *k, int64_t row, int n, int dtype, int D, int G, float *s, int BS,
+    int64_t nxt, int64_t kvd) {
+    (void)nxt; (void)kvd;  /* the portable path leaves prefetching to the hardware */
     for (int t = 0; t < n; t++)
         for (int g = 0; g < G; g++) {
             float acc = 0.f;
-            for (int d = 0; d < D; d++) acc += q[g * D + d] * dp_load_elem(k + t * row, dtype, d);
+            for (int d = 0; d < D; d++) acc += q[d * G + g] * dp_load_elem(k + t * row, dtype, d);
             s[g * BS + t] = acc;
         }
 }
-static inline __attribute__((always_inline)) void prim_pv_block(float *acc, const float *s, int BS, const char *v,
-                                              int64_t row, int n, int dtype, int D, int G) {
+static inline __attribute__((always_inline)) void prim_pv_block(
+    float *acc, const float *p, const char *v, int64_t row, int n, int dtype, int D, int G) {
     for (int t = 0; t < n; t++)
         for (int d = 0; d < D; d++) {
             const float vd = dp_load_elem(v + t * row, dtype, d);
-            for (int g = 0; g < G; g++) acc[g * D + d] += s[g * BS + t] * vd;
+            for (int g = 0; g < G; g++) acc[g * D + d] += p[t * G + g] * vd;
         }
 }
 static inline __attribute__((always_inline)) float prim_max(const float *s, int n) {
@@ -33,6 +35,7 @@ static inline __attribute__((always_inline)) float prim_exp_sub(float *s, int n,
     return sum;
 }
 
+#define DP_QVW 1  /* q chunk-major with 1-wide chunks: element d of head g at q[d * G + g] */
 #define DP_ITEM_FN dp_attn_item_scalar
 #include "attention_body.h"
 

@@ -8,6 +8,8 @@
  * Tails shorter than VW (a partial last block) take the scalar loop. */
 #include <math.h>
 
+#define DP_QVW VW  /* q's chunk width (attention_body.h) */
+
 /* s[g*BS + t] = the lane sum of acc[t][g]: all TT x G dot products of a tile reduced
  * together, VW vectors per tree. */
 static inline __attribute__((always_inline)) void store_scores(
@@ -22,18 +24,38 @@ static inline __attribute__((always_inline)) void store_scores(
         for (int g = 0; g < G; g++) s[g * BS + t] = sums[t * G + g];
 }
 
+/* The next block's K and V lines, prefetched beside this block's: nxt is the byte distance
+ * from a K row of this block to the same row of the next one (0 when there is none: the
+ * prefetches then touch lines already in cache), kvd from a K row to its V row. Paged
+ * blocks are a few KB on their own pages, where the hardware prefetchers stop. Issued one
+ * line per line of K read, the prefetches spread evenly through the compute; issued all at
+ * once per block they filled the line-fill buffers and stalled the core. */
+static inline __attribute__((always_inline)) void prefetch_next(const char *kl, int64_t nxt,
+                                                              int64_t kvd) {
+    __builtin_prefetch(kl + nxt, 0, 3);
+    __builtin_prefetch(kl + nxt + kvd, 0, 3);
+}
+
+/* q is chunk-major (attention_body.h): chunk c of head g at q[c * qs + g * VW], so one
+ * pointer with constant offsets reaches every head's chunk. With a pointer per head row
+ * (q + g * D, D known only at run time) G = 8 ran out of general registers: the K row
+ * pointers went to the stack and were reloaded every chunk. */
 static inline __attribute__((always_inline)) void qk_tile(
-    const float *q, const char *k, int64_t row, int dtype, int D, int G, int TT, float *s,
-    int BS) {
+    const float *q, int qs, const char *k, int64_t row, int dtype, int D, int G, int TT,
+    float *s, int BS, int64_t nxt, int64_t kvd) {
     const int esz = dp_elem_size(dtype);
     VEC acc[4][16];
     for (int t = 0; t < TT; t++)
         for (int g = 0; g < G; g++) acc[t][g] = vzero();
-    for (int d = 0; d < D; d += VW) {
+    const float *qc = q;
+    const char *kc = k;
+    for (int c = 0; c < D / VW; c++, qc += qs, kc += VW * esz) {
+        if ((c * VW * esz) % 64 == 0)  /* a new cache line of each row */
+            for (int t = 0; t < TT; t++) prefetch_next(kc + t * row, nxt, kvd);
         VEC kv[4];
-        for (int t = 0; t < TT; t++) kv[t] = vload_w(k + t * row + (int64_t)d * esz, dtype);
+        for (int t = 0; t < TT; t++) kv[t] = vload_w(kc + t * row, dtype);
         for (int g = 0; g < G; g++) {
-            const VEC qv = vloadu(q + g * D + d);
+            const VEC qv = vloadu(qc + g * VW);
             for (int t = 0; t < TT; t++) acc[t][g] = vfma(qv, kv[t], acc[t][g]);
         }
     }
@@ -43,17 +65,19 @@ static inline __attribute__((always_inline)) void qk_tile(
 /* Several tokens per pass: each q chunk loaded once serves TT keys. */
 static inline __attribute__((always_inline)) void prim_qk_block(
     const float *q, const char *k, int64_t row, int n, int dtype, int D, int G, float *s,
-    int BS) {
+    int BS, int64_t nxt, int64_t kvd) {
     int t = 0;
     if (G <= 16) {
         const int TT = QK_TT(G);
-        for (; t + TT <= n; t += TT) qk_tile(q, k + t * row, row, dtype, D, G, TT, s + t, BS);
-        for (; t < n; t++) qk_tile(q, k + t * row, row, dtype, D, G, 1, s + t, BS);
+        for (; t + TT <= n; t += TT)
+            qk_tile(q, G * VW, k + t * row, row, dtype, D, G, TT, s + t, BS, nxt, kvd);
+        for (; t < n; t++)
+            qk_tile(q, G * VW, k + t * row, row, dtype, D, G, 1, s + t, BS, nxt, kvd);
     } else {
         for (int g0 = 0; g0 < G; g0 += 16)
             for (t = 0; t < n; t++)
-                qk_tile(q + g0 * D, k + t * row, row, dtype, D, G - g0 < 16 ? G - g0 : 16, 1,
-                        s + g0 * BS + t, BS);
+                qk_tile(q + g0 * VW, G * VW, k + t * row, row, dtype, D,
+                        G - g0 < 16 ? G - g0 : 16, 1, s + g0 * BS + t, BS, g0 ? 0 : nxt, kvd);
     }
 }
 
@@ -61,75 +85,84 @@ static inline __attribute__((always_inline)) void prim_qk_block(
 #define DP_HAVE_PAIRS 1  /* bf16 KV in even/odd pairs: see the section at the end */
 #endif
 
-/* V row t's head-dim chunk d as fp32: in natural order, or (pairs) chunk d of the even/odd
- * order, which holds the even or the odd elements of its 2*VW-element span. */
-static inline __attribute__((always_inline)) VEC pv_row(const char *vt, int d, int esz,
-                                                       int dtype, int pairs) {
+/* Chunk c (VW elements) of a V row as fp32, vt pointing at the row's chunk j0: in natural
+ * order, or (pairs) chunk j0 + c of the even/odd order, which holds the even or the odd
+ * elements of its 2*VW-element span. Offsets relative to vt keep the per-token address
+ * arithmetic to one pointer increment. */
+static inline __attribute__((always_inline)) VEC pv_row(const char *vt, int c, int j0,
+                                                       int esz, int dtype, int pairs) {
 #ifdef DP_HAVE_PAIRS
     if (pairs) {
-        const int half = (d / VW) & 1;
-        return vbf16_half(vt + (int64_t)(d - half * VW) * 2, half);
+        const int half = (j0 + c) & 1;
+        return vbf16_half(vt + (int64_t)(c - half) * VW * 2, half);
     }
 #endif
-    (void)pairs;
-    return vload_w(vt + (int64_t)d * esz, dtype);
+    (void)pairs; (void)j0;
+    return vload_w(vt + (int64_t)c * VW * esz, dtype);
 }
 
-/* Accumulators stay in registers across the block's tokens: one load and store of acc per
- * block instead of per token. Each token adds one FMA to every accumulator, so the loop is
- * bound by the FMA latency (4 cycles) unless enough accumulators are independent: two FMA
- * ports need 8 chains. With G query heads, DC = 8 / G d-chunks go through the tokens
- * together (G = 1: a whole 128-wide row per token), G x DC = 8 chains for every G <= 8; one
- * d-chunk at a time left G = 1 at an eighth of the FMA rate and G = 4 at half. */
-static inline __attribute__((always_inline)) void pv_passes(
-    float *acc, const float *s, int BS, const char *v, int64_t row, int n, int dtype, int D,
-    int G, int pairs) {
+/* PV for one block: acc[g*D + d] += sum_t p[t*G + g] v[t][d], with the probabilities p
+ * token-major so that each token's G weights are G broadcasts from one pointer. The
+ * accumulators stay in registers across the block's tokens (one load and store of acc per
+ * block, not per token). Each token adds one FMA to every accumulator, so a pass is bound
+ * by the FMA latency unless enough of them are independent: DC = PV_ACC / G head-dim
+ * chunks go through the tokens together, PV_ACC accumulators (16 of the 32 zmm registers:
+ * G = 4 takes D = 128 in 2 passes rather than 4, each token's weights broadcast once a
+ * pass). Measured: with 8 accumulators and the weights addressed per head (s[g*BS + t])
+ * the pointer bookkeeping spilled to the stack and the loop ran at half the FMA rate. */
+#ifndef PV_ACC
+#define PV_ACC 8
+#endif
+static inline __attribute__((always_inline)) void pv_pass(
+    float *acc, const float *p, const char *v, int64_t row, int n, int dtype, int D, int G,
+    int g0, int gn, int d0, const int DC, int pairs) {
     const int esz = dp_elem_size(dtype);
-    if (G <= 8) {
-        const int DC = 8 / G;
-        const float *sg[8];
-        for (int g = 0; g < G; g++) sg[g] = s + (int64_t)g * BS;
-        for (int d0 = 0; d0 < D; d0 += DC * VW) {
-            const int dc = (D - d0) / VW < DC ? (D - d0) / VW : DC;
-            VEC a[8];
-            for (int i = 0; i < 8; i++) a[i] = vzero();  /* dead for c >= dc; quiets -Wall */
-            for (int c = 0; c < DC; c++)
-                if (c < dc)
-                    for (int g = 0; g < G; g++)
-                        a[c * G + g] = vloadu(acc + (int64_t)g * D + d0 + c * VW);
-            for (int64_t t = 0; t < n; t++)
-                for (int c = 0; c < DC; c++)
-                    if (c < dc) {
-                        const VEC vv = pv_row(v + t * row, d0 + c * VW, esz, dtype, pairs);
-                        for (int g = 0; g < G; g++)
-                            a[c * G + g] = vfma(vset1(sg[g][t]), vv, a[c * G + g]);
-                    }
-            for (int c = 0; c < DC; c++)
-                if (c < dc)
-                    for (int g = 0; g < G; g++)
-                        vstoreu(acc + (int64_t)g * D + d0 + c * VW, a[c * G + g]);
+    VEC a[PV_ACC];
+    for (int c = 0; c < DC; c++)
+        for (int g = 0; g < gn; g++)
+            a[c * gn + g] = vloadu(acc + (int64_t)(g0 + g) * D + d0 + c * VW);
+    const char *vt = v + (int64_t)d0 * esz;
+    const float *pt = p + g0;
+    for (int t = 0; t < n; t++, vt += row, pt += G) {
+        VEC w[8];
+        for (int g = 0; g < gn; g++) w[g] = vset1(pt[g]);
+        for (int c = 0; c < DC; c++) {
+            const VEC vv = pv_row(vt, c, d0 / VW, esz, dtype, pairs);
+            for (int g = 0; g < gn; g++) a[c * gn + g] = vfma(w[g], vv, a[c * gn + g]);
+        }
+    }
+    for (int c = 0; c < DC; c++)
+        for (int g = 0; g < gn; g++)
+            vstoreu(acc + (int64_t)(g0 + g) * D + d0 + c * VW, a[c * gn + g]);
+}
+
+static inline __attribute__((always_inline)) void pv_passes(
+    float *acc, const float *p, const char *v, int64_t row, int n, int dtype, int D, int G,
+    int pairs) {
+    if (G <= 8 && G <= PV_ACC) {
+        const int DC = PV_ACC / G < 8 ? PV_ACC / G : 8;
+        int d0 = 0;
+        for (; d0 + DC * VW <= D; d0 += DC * VW)
+            pv_pass(acc, p, v, row, n, dtype, D, G, 0, G, d0, DC, pairs);
+        /* the last (D / VW) % DC chunks: one pass with as many accumulators as are left */
+        switch ((D - d0) / VW) {
+#define DP_PV_REST(r) \
+        case r: if ((r) < DC) pv_pass(acc, p, v, row, n, dtype, D, G, 0, G, d0, (r), pairs); break;
+        DP_PV_REST(1) DP_PV_REST(2) DP_PV_REST(3) DP_PV_REST(4) DP_PV_REST(5) DP_PV_REST(6)
+        DP_PV_REST(7)
+#undef DP_PV_REST
+        default: break;
         }
         return;
     }
-    for (int d = 0; d < D; d += VW) {
-        for (int g0 = 0; g0 < G; g0 += 8) {
-            const int gn = G - g0 < 8 ? G - g0 : 8;
-            VEC a[8];
-            for (int g = 0; g < gn; g++) a[g] = vloadu(acc + (int64_t)(g0 + g) * D + d);
-            for (int64_t t = 0; t < n; t++) {
-                const VEC vv = pv_row(v + t * row, d, esz, dtype, pairs);
-                for (int g = 0; g < gn; g++)
-                    a[g] = vfma(vset1(s[(g0 + g) * BS + t]), vv, a[g]);
-            }
-            for (int g = 0; g < gn; g++) vstoreu(acc + (int64_t)(g0 + g) * D + d, a[g]);
-        }
-    }
+    for (int g0 = 0; g0 < G; g0 += 8)
+        for (int d0 = 0; d0 < D; d0 += VW)
+            pv_pass(acc, p, v, row, n, dtype, D, G, g0, G - g0 < 8 ? G - g0 : 8, d0, 1, pairs);
 }
 
 static inline __attribute__((always_inline)) void prim_pv_block(
-    float *acc, const float *s, int BS, const char *v, int64_t row, int n, int dtype, int D,
-    int G) {
-    pv_passes(acc, s, BS, v, row, n, dtype, D, G, 0);
+    float *acc, const float *p, const char *v, int64_t row, int n, int dtype, int D, int G) {
+    pv_passes(acc, p, v, row, n, dtype, D, G, 0);
 }
 
 static inline __attribute__((always_inline)) float prim_max(const float *s, int n) {
@@ -175,16 +208,21 @@ static inline __attribute__((always_inline)) int pair_pos(int d) {
 }
 
 static inline __attribute__((always_inline)) void qk_tile_pairs(
-    const float *q, const char *k, int64_t row, int D, int G, int TT, float *s, int BS) {
+    const float *q, int qs, const char *k, int64_t row, int D, int G, int TT, float *s, int BS,
+    int64_t nxt, int64_t kvd) {
     VEC acc[4][16];
     for (int t = 0; t < TT; t++)
         for (int g = 0; g < G; g++) acc[t][g] = vzero();
-    for (int d = 0; d < D; d += 2 * VW) {
+    const float *qc = q;
+    const char *kc = k;
+    for (int c = 0; c < D / VW; c += 2, qc += 2 * qs, kc += 2 * VW * 2) {
+        if ((c * VW * 2) % 64 == 0)
+            for (int t = 0; t < TT; t++) prefetch_next(kc + t * row, nxt, kvd);
         for (int half = 0; half < 2; half++) {
             VEC kv[4];
-            for (int t = 0; t < TT; t++) kv[t] = vbf16_half(k + t * row + (int64_t)d * 2, half);
+            for (int t = 0; t < TT; t++) kv[t] = vbf16_half(kc + t * row, half);
             for (int g = 0; g < G; g++) {
-                const VEC qv = vloadu(q + g * D + d + half * VW);
+                const VEC qv = vloadu(qc + half * qs + g * VW);
                 for (int t = 0; t < TT; t++) acc[t][g] = vfma(qv, kv[t], acc[t][g]);
             }
         }
@@ -193,22 +231,26 @@ static inline __attribute__((always_inline)) void qk_tile_pairs(
 }
 
 static inline __attribute__((always_inline)) void prim_qk_block_pairs(
-    const float *q, const char *k, int64_t row, int n, int D, int G, float *s, int BS) {
+    const float *q, const char *k, int64_t row, int n, int D, int G, float *s, int BS,
+    int64_t nxt, int64_t kvd) {
     int t = 0;
     if (G <= 16) {
         const int TT = QK_TT(G);
-        for (; t + TT <= n; t += TT) qk_tile_pairs(q, k + t * row, row, D, G, TT, s + t, BS);
-        for (; t < n; t++) qk_tile_pairs(q, k + t * row, row, D, G, 1, s + t, BS);
+        for (; t + TT <= n; t += TT)
+            qk_tile_pairs(q, G * VW, k + t * row, row, D, G, TT, s + t, BS, nxt, kvd);
+        for (; t < n; t++)
+            qk_tile_pairs(q, G * VW, k + t * row, row, D, G, 1, s + t, BS, nxt, kvd);
     } else {
         for (int g0 = 0; g0 < G; g0 += 16)
             for (t = 0; t < n; t++)
-                qk_tile_pairs(q + g0 * D, k + t * row, row, D, G - g0 < 16 ? G - g0 : 16, 1,
-                              s + g0 * BS + t, BS);
+                qk_tile_pairs(q + g0 * VW, G * VW, k + t * row, row, D,
+                              G - g0 < 16 ? G - g0 : 16, 1, s + g0 * BS + t, BS,
+                              g0 ? 0 : nxt, kvd);
     }
 }
 
 static inline __attribute__((always_inline)) void prim_pv_block_pairs(
-    float *acc, const float *s, int BS, const char *v, int64_t row, int n, int D, int G) {
-    pv_passes(acc, s, BS, v, row, n, DP_BF16, D, G, 1);
+    float *acc, const float *p, const char *v, int64_t row, int n, int D, int G) {
+    pv_passes(acc, p, v, row, n, DP_BF16, D, G, 1);
 }
 #endif /* DP_HAVE_PAIRS */

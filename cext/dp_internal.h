@@ -14,17 +14,18 @@ typedef struct {
     float scale;
 } dp_attn_args;
 
-/* One work item: sequence b, kv head h, tokens [t0, t1). Writes m[G], l[G], acc[G*D]
- * (unnormalised). ws: G*D + G*BS floats of per-thread scratch. */
-typedef void (*dp_attn_item_fn)(const dp_attn_args *a, int b, int h, int t0, int t1,
+/* One work item: sequence b, kv heads [h0, h1), tokens [t0, t1). Writes m, l (G per head)
+ * and acc (G*D per head, unnormalised) of those heads, indexed from head 0. ws:
+ * (h1-h0)*G*D + 2*G*BS + D floats of per-thread scratch. */
+typedef void (*dp_attn_item_fn)(const dp_attn_args *a, int b, int h0, int h1, int t0, int t1,
                                 float *m, float *l, float *acc, float *ws);
 
-void dp_attn_item_scalar(const dp_attn_args *, int, int, int, int, float *, float *, float *,
-                         float *);
-void dp_attn_item_avx2(const dp_attn_args *, int, int, int, int, float *, float *, float *,
-                       float *);
-void dp_attn_item_avx512(const dp_attn_args *, int, int, int, int, float *, float *, float *,
-                         float *);
+void dp_attn_item_scalar(const dp_attn_args *, int, int, int, int, int, float *, float *,
+                         float *, float *);
+void dp_attn_item_avx2(const dp_attn_args *, int, int, int, int, int, float *, float *,
+                       float *, float *);
+void dp_attn_item_avx512(const dp_attn_args *, int, int, int, int, int, float *, float *,
+                         float *, float *);
 
 /* The decode linear's per-ISA bodies (linear_body.h): out rows [n_lo, n_hi) of
  * x[M,K] @ W[N,K]^T + bias; drivers in linear.c and layer.c split the rows over threads. */
@@ -103,4 +104,27 @@ static inline void dp_store_elem(void *p, int dtype, int64_t i, float x) {
     }
 }
 static inline int dp_elem_size(int dtype) { return dtype == DP_F32 ? 4 : 2; }
+/* dst[i] = src[off + i] * scale as fp32, i < n: the dtype switch once per row, not per element
+ * (per element it was most of a short decode call's time). */
+static inline void dp_load_row(const void *src, int dtype, int64_t off, int n, float scale,
+                               float *dst) {
+    const uint16_t *h = (const uint16_t *)src + off;
+    const float *f = (const float *)src + off;
+    switch (dtype) {
+    case DP_BF16: for (int i = 0; i < n; i++) dst[i] = dp_bf16_to_f32(h[i]) * scale; break;
+    case DP_F16: for (int i = 0; i < n; i++) dst[i] = dp_f16_to_f32(h[i]) * scale; break;
+    default: for (int i = 0; i < n; i++) dst[i] = f[i] * scale;
+    }
+}
+/* dst[off + i] = src[i] * scale in dtype, i < n. */
+static inline void dp_store_row(void *dst, int dtype, int64_t off, const float *src, int n,
+                                float scale) {
+    uint16_t *h = (uint16_t *)dst + off;
+    float *f = (float *)dst + off;
+    switch (dtype) {
+    case DP_BF16: for (int i = 0; i < n; i++) h[i] = dp_f32_to_bf16(src[i] * scale); break;
+    case DP_F16: for (int i = 0; i < n; i++) h[i] = dp_f32_to_f16(src[i] * scale); break;
+    default: for (int i = 0; i < n; i++) f[i] = src[i] * scale;
+    }
+}
 #endif

@@ -509,8 +509,12 @@ PLANTS = [
           "vreduce_add(acc[i][j]) + (bias ? bias[n0 + j] : 0.f)", "vreduce_add(acc[i][j])",
           ("tests/kernels/test_linear.py",)),
     Plant("attention-q-rounded-to-bf16", "the attention kernel rounds fp32 queries to bf16",
-          "cext/attention_body.h", "        qf[i] = x;\n",
-          "        qf[i] = dp_bf16_to_f32(dp_f32_to_bf16(x));\n",
+          "cext/attention_body.h", "q0 + ((int64_t)h * G + g) * D + d) * a->scale;",
+          "q0 + ((int64_t)h * G + g) * D + d) * a->scale;\n"
+          "                qf[(int64_t)h * G * D + (pos / DP_QVW * G + g) * DP_QVW + pos % DP_QVW]"
+          " = dp_bf16_to_f32(dp_f32_to_bf16(\n"
+          "                qf[(int64_t)h * G * D + (pos / DP_QVW * G + g) * DP_QVW + pos % DP_QVW"
+          "]));",
           ("tests/kernels/test_paged_attention.py::"
            "test_fp32_queries_over_bf16_kv_keep_fp32_precision",)),
     Plant("workers-spin-for-ms", "workers keep libgomp's milliseconds-long idle spin",
@@ -544,9 +548,13 @@ PLANTS = [
           ("tests/sim/test_simulator.py",)),
     Plant("pv-short-pass-drops-a-chunk", "the PV loop's short last pass over the head dim "
           "leaves out its last chunk", "cext/attention_simd.h",
-          "            const int dc = (D - d0) / VW < DC ? (D - d0) / VW : DC;",
-          "            const int dc = (D - d0) / VW < DC ? (D - d0) / VW - 1 : DC;",
+          "d0, (r), pairs); break;", "d0, (r) - 1, pairs); break;",
           ("tests/kernels/test_paged_attention.py::test_every_listed_head_dim_group_and_block_size",)),
+    Plant("attention-head-range-of-one", "a KV-head range of the attention driver covers "
+          "only its first head", "cext/attention.c",
+          "h1 = (int)((int64_t)(hg + 1) * Hkv / HG);", "h1 = h0 + 1;",
+          ("tests/kernels/test_paged_attention.py::"
+           "test_few_sequences_split_into_segments_and_head_ranges",)),
     Plant("sim-jitter-shifts-the-mean", "a step-time jitter table is not divided by its mean",
           "dualpace/sim/costs.py", "        tables.append((q / q.mean()).round(4).tolist()",
           "        tables.append(q.round(4).tolist()", ("tests/sim/test_jitter.py",)),

@@ -104,11 +104,25 @@ def test_long_contexts_split_kv(isa, dtype):
 
 
 @pytest.mark.parametrize("isa", ISA_PARAMS)
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_few_sequences_split_into_segments_and_head_ranges(isa, threads, monkeypatch):
+    """Too few sequences to busy every thread: the driver cuts KV segments, then each block's
+    KV heads into ranges (uneven ones: 12 heads over 8 ranges at 2 threads, 5 over 2 at 3),
+    and an item walks each block across its range of heads."""
+    monkeypatch.setattr(cpu, "_threads_override", threads)
+    for hkv, group, lens in ((12, 1, [100]), (3, 4, [100, 7]), (5, 8, [1000]),
+                             (8, 2, [40, 33, 17])):
+        for dtype in (torch.float32, torch.bfloat16):
+            q, k, v, tables, sl = make_case(hkv * 10 + group, lens, hkv, group, 64, 16, dtype)
+            check(isa, q, k, v, tables, sl, 64**-0.5)
+
+
+@pytest.mark.parametrize("isa", ISA_PARAMS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [64, 80, 96, 128])
 def test_every_listed_head_dim_group_and_block_size(isa, dtype, head_dim):
-    """The issue's shapes: the PV loop takes 8 / G head-dim chunks per pass over the tokens,
-    so head dims that are not a multiple of that (80, 96) end a pass short."""
+    """The issue's shapes: the PV loop takes PV_ACC / G head-dim chunks per pass over the
+    tokens, so head dims that are not a multiple of that (80, 96) end on a shorter pass."""
     for group, block_size in ((1, 16), (2, 32), (4, 64), (8, 16)):
         lens = [1, block_size + 3, 3 * block_size - 1, 200]
         q, k, v, tables, sl = make_case(head_dim + group, lens, 2, group, head_dim,
