@@ -48,7 +48,9 @@ static inline float hmax8(__m256 v) {
 
 typedef __m256 VEC;
 #define VW 8
-#define QK_TT(G) ((G) <= 2 ? 4 : ((G) <= 4 ? 2 : 1)) /* 16 ymm registers */
+/* keys per q-chunk load, by the 16 ymm registers: G = 4 takes 3 (12 accumulators, 3 keys,
+ * a q chunk), measured 14% faster than 2 on fp32 KV */
+#define QK_TT(G) ((G) <= 2 ? 4 : ((G) <= 4 ? 3 : 1))
 static inline __attribute__((always_inline)) VEC vzero(void) { return _mm256_setzero_ps(); }
 static inline __attribute__((always_inline)) VEC vset1(float f) { return _mm256_set1_ps(f); }
 static inline __attribute__((always_inline)) VEC vloadu(const float *p) { return _mm256_loadu_ps(p); }
@@ -86,6 +88,9 @@ static inline __attribute__((always_inline)) VEC vbf16_half(const char *p, int h
                                     : _mm256_slli_epi32(x, 16));
 }
 #define DP_BF16_PAIRS
+/* Measured against the plain widening: 20% faster at G = 1, 7-11% slower at G = 4 and 8,
+ * where the pairs' two halves per 2*VW elements cost the QK tile its registers. */
+#define DP_BF16_PAIRS_MAX_G 2
 #include "attention_simd.h"
 
 #define DP_ITEM_FN dp_attn_item_avx2

@@ -76,7 +76,7 @@ static inline __attribute__((always_inline)) void item_impl(
     int pairs = 0;
 #ifdef DP_HAVE_PAIRS
     /* bf16 KV whose rows split into whole pairs of vectors: the even/odd order. */
-    pairs = kvdt == DP_BF16 && D % (2 * VW) == 0;
+    pairs = kvdt == DP_BF16 && D % (2 * VW) == 0 && G <= DP_BF16_PAIRS_MAX_G;
 #endif
     float *qrow = pt + G * BS;            /* [D] one query row in fp32 */
     for (int h = 0; h < nh; h++)

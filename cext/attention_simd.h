@@ -10,12 +10,16 @@
 
 #define DP_QVW VW  /* q's chunk width (attention_body.h) */
 
+#ifndef QK_GT
+#define QK_GT 4  /* the most heads in one QK tile (prim_qk_block) */
+#endif
+
 /* s[g*BS + t] = the lane sum of acc[t][g]: all TT x G dot products of a tile reduced
  * together, VW vectors per tree. */
 static inline __attribute__((always_inline)) void store_scores(
-    VEC acc[4][16], int TT, int G, float *s, int BS) {
-    VEC flat[64];
-    float sums[64];
+    VEC acc[4][QK_GT], int TT, int G, float *s, int BS) {
+    VEC flat[4 * QK_GT];
+    float sums[4 * QK_GT];
     for (int t = 0; t < TT; t++)
         for (int g = 0; g < G; g++) flat[t * G + g] = acc[t][g];
     const int n = TT * G;
@@ -42,15 +46,15 @@ static inline __attribute__((always_inline)) void prefetch_next(const char *kl, 
  * pointers went to the stack and were reloaded every chunk. */
 static inline __attribute__((always_inline)) void qk_tile(
     const float *q, int qs, const char *k, int64_t row, int dtype, int D, int G, int TT,
-    float *s, int BS, int64_t nxt, int64_t kvd) {
+    float *s, int BS, int pf, int64_t nxt, int64_t kvd) {
     const int esz = dp_elem_size(dtype);
-    VEC acc[4][16];
+    VEC acc[4][QK_GT];
     for (int t = 0; t < TT; t++)
         for (int g = 0; g < G; g++) acc[t][g] = vzero();
     const float *qc = q;
     const char *kc = k;
     for (int c = 0; c < D / VW; c++, qc += qs, kc += VW * esz) {
-        if ((c * VW * esz) % 64 == 0)  /* a new cache line of each row */
+        if (pf && (c * VW * esz) % 64 == 0)  /* a new cache line of each row */
             for (int t = 0; t < TT; t++) prefetch_next(kc + t * row, nxt, kvd);
         VEC kv[4];
         for (int t = 0; t < TT; t++) kv[t] = vload_w(kc + t * row, dtype);
@@ -62,26 +66,28 @@ static inline __attribute__((always_inline)) void qk_tile(
     store_scores(acc, TT, G, s, BS);
 }
 
-/* Several tokens per pass: each q chunk loaded once serves TT keys. */
+/* Several tokens per pass: each q chunk loaded once serves TT keys. A group of more than
+ * QK_GT heads goes through in slices of QK_GT, each K row read once per slice (from L1 after
+ * the first): G = 8 as two slices of 4 heads x 4 keys ran 30% faster than 8 heads x 2 keys,
+ * whose 16 FMAs a chunk each took their q operand from memory. The first slice prefetches. */
 static inline __attribute__((always_inline)) void prim_qk_block(
     const float *q, const char *k, int64_t row, int n, int dtype, int D, int G, float *s,
     int BS, int64_t nxt, int64_t kvd) {
-    int t = 0;
-    if (G <= 16) {
-        const int TT = QK_TT(G);
+    for (int g0 = 0; g0 < G; g0 += QK_GT) {
+        const int gn = G - g0 < QK_GT ? G - g0 : QK_GT, TT = QK_TT(gn);
+        int t = 0;
         for (; t + TT <= n; t += TT)
-            qk_tile(q, G * VW, k + t * row, row, dtype, D, G, TT, s + t, BS, nxt, kvd);
+            qk_tile(q + g0 * VW, G * VW, k + t * row, row, dtype, D, gn, TT,
+                    s + g0 * BS + t, BS, g0 == 0, nxt, kvd);
         for (; t < n; t++)
-            qk_tile(q, G * VW, k + t * row, row, dtype, D, G, 1, s + t, BS, nxt, kvd);
-    } else {
-        for (int g0 = 0; g0 < G; g0 += 16)
-            for (t = 0; t < n; t++)
-                qk_tile(q + g0 * VW, G * VW, k + t * row, row, dtype, D,
-                        G - g0 < 16 ? G - g0 : 16, 1, s + g0 * BS + t, BS, g0 ? 0 : nxt, kvd);
+            qk_tile(q + g0 * VW, G * VW, k + t * row, row, dtype, D, gn, 1, s + g0 * BS + t, BS,
+                    g0 == 0, nxt, kvd);
     }
 }
 
-#ifdef DP_BF16_PAIRS  /* the ISA file opts in: measured faster with AVX2, slower with AVX-512 */
+/* The ISA file opts in, with DP_BF16_PAIRS_MAX_G, the largest group that takes them: measured
+ * faster with AVX2 at G <= 2, slower at G = 4 and 8, no faster with AVX-512. */
+#ifdef DP_BF16_PAIRS
 #define DP_HAVE_PAIRS 1  /* bf16 KV in even/odd pairs: see the section at the end */
 #endif
 
@@ -209,14 +215,14 @@ static inline __attribute__((always_inline)) int pair_pos(int d) {
 
 static inline __attribute__((always_inline)) void qk_tile_pairs(
     const float *q, int qs, const char *k, int64_t row, int D, int G, int TT, float *s, int BS,
-    int64_t nxt, int64_t kvd) {
-    VEC acc[4][16];
+    int pf, int64_t nxt, int64_t kvd) {
+    VEC acc[4][QK_GT];
     for (int t = 0; t < TT; t++)
         for (int g = 0; g < G; g++) acc[t][g] = vzero();
     const float *qc = q;
     const char *kc = k;
     for (int c = 0; c < D / VW; c += 2, qc += 2 * qs, kc += 2 * VW * 2) {
-        if ((c * VW * 2) % 64 == 0)
+        if (pf && (c * VW * 2) % 64 == 0)
             for (int t = 0; t < TT; t++) prefetch_next(kc + t * row, nxt, kvd);
         for (int half = 0; half < 2; half++) {
             VEC kv[4];
@@ -233,19 +239,15 @@ static inline __attribute__((always_inline)) void qk_tile_pairs(
 static inline __attribute__((always_inline)) void prim_qk_block_pairs(
     const float *q, const char *k, int64_t row, int n, int D, int G, float *s, int BS,
     int64_t nxt, int64_t kvd) {
-    int t = 0;
-    if (G <= 16) {
-        const int TT = QK_TT(G);
+    for (int g0 = 0; g0 < G; g0 += QK_GT) {
+        const int gn = G - g0 < QK_GT ? G - g0 : QK_GT, TT = QK_TT(gn);
+        int t = 0;
         for (; t + TT <= n; t += TT)
-            qk_tile_pairs(q, G * VW, k + t * row, row, D, G, TT, s + t, BS, nxt, kvd);
+            qk_tile_pairs(q + g0 * VW, G * VW, k + t * row, row, D, gn, TT, s + g0 * BS + t,
+                          BS, g0 == 0, nxt, kvd);
         for (; t < n; t++)
-            qk_tile_pairs(q, G * VW, k + t * row, row, D, G, 1, s + t, BS, nxt, kvd);
-    } else {
-        for (int g0 = 0; g0 < G; g0 += 16)
-            for (t = 0; t < n; t++)
-                qk_tile_pairs(q + g0 * VW, G * VW, k + t * row, row, D,
-                              G - g0 < 16 ? G - g0 : 16, 1, s + g0 * BS + t, BS,
-                              g0 ? 0 : nxt, kvd);
+            qk_tile_pairs(q + g0 * VW, G * VW, k + t * row, row, D, gn, 1, s + g0 * BS + t, BS,
+                          g0 == 0, nxt, kvd);
     }
 }
 

@@ -555,6 +555,12 @@ PLANTS = [
           "h1 = (int)((int64_t)(hg + 1) * Hkv / HG);", "h1 = h0 + 1;",
           ("tests/kernels/test_paged_attention.py::"
            "test_few_sequences_split_into_segments_and_head_ranges",)),
+    Plant("qk-slices-overwrite-first-heads", "every QK slice of a large GQA group writes its "
+          "scores to the first heads' rows", "cext/attention_simd.h",
+          "                    s + g0 * BS + t, BS, g0 == 0, nxt, kvd);",
+          "                    s + t, BS, g0 == 0, nxt, kvd);",
+          ("tests/kernels/test_paged_attention.py::"
+           "test_few_sequences_split_into_segments_and_head_ranges",)),
     Plant("sim-jitter-shifts-the-mean", "a step-time jitter table is not divided by its mean",
           "dualpace/sim/costs.py", "        tables.append((q / q.mean()).round(4).tolist()",
           "        tables.append(q.round(4).tolist()", ("tests/sim/test_jitter.py",)),

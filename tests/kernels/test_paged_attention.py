@@ -108,10 +108,11 @@ def test_long_contexts_split_kv(isa, dtype):
 def test_few_sequences_split_into_segments_and_head_ranges(isa, threads, monkeypatch):
     """Too few sequences to busy every thread: the driver cuts KV segments, then each block's
     KV heads into ranges (uneven ones: 12 heads over 8 ranges at 2 threads, 5 over 2 at 3),
-    and an item walks each block across its range of heads."""
+    and an item walks each block across its range of heads. Groups of 3 and 20 take the
+    generic instantiation, 20 in QK slices of 4 heads and a PV in slices of 8."""
     monkeypatch.setattr(cpu, "_threads_override", threads)
     for hkv, group, lens in ((12, 1, [100]), (3, 4, [100, 7]), (5, 8, [1000]),
-                             (8, 2, [40, 33, 17])):
+                             (8, 2, [40, 33, 17]), (2, 3, [70]), (1, 20, [300, 5])):
         for dtype in (torch.float32, torch.bfloat16):
             q, k, v, tables, sl = make_case(hkv * 10 + group, lens, hkv, group, 64, 16, dtype)
             check(isa, q, k, v, tables, sl, 64**-0.5)
