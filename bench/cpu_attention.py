@@ -7,7 +7,8 @@ the fraction of the DRAM read bandwidth (a C/OpenMP streaming read with the same
 count), and the torch gather + scaled_dot_product_attention reference. Each kernel timing is
 paired with a streaming read right after it and the fraction is the median of the pairs'
 ratios: on a shared host the bandwidth drifts by a quarter within a minute, and one reading
-at the start put some rows above 1.0.
+at the start put some rows above 1.0. kernel_ms and the ratio to torch come from a plain
+repeat loop, as torch's time does.
 Shape per layer: Hq=32, Hkv=8, head_dim=128 (Llama-3-8B), block size 16.
 """
 
@@ -39,9 +40,8 @@ def case(batch: int, ctx: int, hq: int, hkv: int, d: int, bs: int, dtype: torch.
 
 def paired_times(kernel, stream, repeats: int) -> tuple[list[float], list[float]]:
     """Wall times of kernel() and of stream() run right after it, ``repeats`` pairs. Each
-    timed kernel call follows an untimed one, as in a plain repeat loop (and as the torch
-    reference is timed): right after a 256 MiB read a call took ~0.25 ms longer whatever its
-    size, which would bury the small shapes."""
+    timed kernel call follows an untimed one: right after a 256 MiB read a call took ~0.25 ms
+    longer whatever its size, which would bury the small shapes."""
     kernel()
     stream()
     tk, ts = [], []
@@ -84,7 +84,8 @@ def main() -> None:
                                            d**-0.5, isa=args.isa)
                 tks, tss = paired_times(kernel, stream, args.repeats)
                 bw_samples += [sbytes / t for t in tss]
-                tk = statistics.median(tks)
+                # the time (and the ratio to torch) from a plain loop, as torch's is taken
+                tk = median_time(kernel, args.repeats)
                 kv_bytes = 2 * b * ctx * hkv * d * k.element_size()
                 frac = statistics.median(kv_bytes / a / (sbytes / c) for a, c in zip(tks, tss))
                 row = {"dtype": dname, "batch": b, "context": ctx, "tokens": b * ctx,
