@@ -4,7 +4,7 @@
  * (DP_QVW elements) of head g at q[(c * G + g) * DP_QVW], so that a tile reaches every
  * head's chunk from one pointer.
  *   prim_qk_block(q, k, row, n, dtype, D, G, s, BS, nxt, kvd)
- *                                                  s[g*BS+t] = <q[g*D..], k[t]>, t < n, and
+ *                                                  s[g*BS+t] = <q head g, k[t]>, t < n, and
  *                                                  a prefetch of the rows nxt bytes on (K)
  *                                                  and nxt + kvd bytes on (V)
  *   prim_pv_block(acc, p, v, row, n, dtype, D, G)    acc[g*D..] += sum_t p[t*G+g] v[t]

@@ -96,13 +96,6 @@ static inline float dp_load_elem(const void *p, int dtype, int64_t i) {
     default: return ((const float *)p)[i];
     }
 }
-static inline void dp_store_elem(void *p, int dtype, int64_t i, float x) {
-    switch (dtype) {
-    case DP_BF16: ((uint16_t *)p)[i] = dp_f32_to_bf16(x); break;
-    case DP_F16: ((uint16_t *)p)[i] = dp_f32_to_f16(x); break;
-    default: ((float *)p)[i] = x;
-    }
-}
 static inline int dp_elem_size(int dtype) { return dtype == DP_F32 ? 4 : 2; }
 /* dst[i] = src[off + i] * scale as fp32, i < n: the dtype switch once per row, not per element
  * (per element it was most of a short decode call's time). */

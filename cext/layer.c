@@ -88,10 +88,8 @@ static void finish_qkv_item(const dp_layer_dims *m, const dp_layer_weights *w, f
     rope_head(k, cos, sin, D);
     const int64_t block = slots[r] / BS, off = slots[r] % BS;
     const int64_t at = ((block * Hkv + kh) * BS + off) * D;
-    for (int d = 0; d < D; d++) {
-        dp_store_elem(k_cache, kv_dtype, at + d, k[d]);
-        dp_store_elem(v_cache, kv_dtype, at + d, v[d]);
-    }
+    dp_store_row(k_cache, kv_dtype, at, k, D, 1.f);
+    dp_store_row(v_cache, kv_dtype, at, v, D, 1.f);
 }
 
 int dp_layer_pre(const dp_layer_dims *m, const dp_layer_weights *w, const float *hidden, int T,
