@@ -109,11 +109,12 @@ def simulate(setup: SimSetup, costs: CostModel, policy: str, jobs: list[Job], ra
     """One policy at one offered rate: loadgen's summary keys, plus what the simulator saw
     (simulated seconds, wall seconds, steps and busy time per worker). ``jitter``: fitted
     step costs vary as the measured steps did around their fit (``Jittered``, seeded with
-    ``jitter_seed``, default ``seed``, which also draws the arrivals); off, every step
-    takes its prediction."""
+    ``jitter_seed``, default ``seed``, which also draws the arrivals, and with the rate: a
+    sweep's points replay different stretches of the measured logs, as a real sweep's points
+    run at different times); off, every step takes its prediction."""
     offsets = arrival_times(jobs, rate, burstiness, seed, False, 1.0)
     if jitter and isinstance(costs, FittedCosts):
-        costs = Jittered(costs, seed if jitter_seed is None else jitter_seed)
+        costs = Jittered(costs, f"{seed if jitter_seed is None else jitter_seed}@{rate}")
     wall = time.perf_counter()
     results, duration, workers, samples = run_virtual(
         _run(setup, costs, policy, jobs, offsets, check))

@@ -5,7 +5,14 @@ import numpy as np
 import pytest
 
 from dualpace.runtime.step_work import CpuStepWork, GpuStepWork
-from dualpace.sim.costs import JITTER_QUANTILES, FittedCosts, Jittered, jitter_table
+from dualpace.sim.costs import (
+    JITTER_QUANTILES,
+    FittedCosts,
+    Jittered,
+    decode_ranks,
+    encode_ranks,
+    jitter_table,
+)
 
 
 def test_jitter_table_bins_by_predicted_size_and_keeps_each_bins_mean():
@@ -103,3 +110,92 @@ def test_a_jitter_seed_changes_the_draws_and_keeps_the_arrivals():
     assert same["mean_e2el_ms"] == base["mean_e2el_ms"]
     assert other["mean_e2el_ms"] != base["mean_e2el_ms"]
     assert other["completed"] == base["completed"] == 20
+
+
+def test_jitter_ranks_give_each_measured_step_its_own_entry_in_log_order():
+    """A step's rank is its place in its own bin's table: replayed, the table entry is that
+    step's ratio to the fit (divided by the bin's mean), whatever order the log had."""
+    rng = np.random.default_rng(7)
+    pred = np.array([0.001, 0.010] * 100)  # two sizes, interleaved as a log would have them
+    ratio = rng.lognormal(0.0, 0.4, 200)
+    t = jitter_table(ratio * pred, pred)
+    ranks = list(decode_ranks(t))
+    assert len(ranks) == 200
+    bins = np.searchsorted(t["edges"], pred, side="right")
+    for b in set(bins.tolist()):
+        table, mean = t["tables"][b], ratio[bins == b].mean()
+        got = [table[r] for r, k in zip(ranks, bins) if k == b]
+        assert got == pytest.approx((ratio[bins == b] / mean).tolist(), abs=2e-4)
+    # 100 steps a bin fill the 100 entries once each
+    assert sorted(r for r, k in zip(ranks, bins) if k == bins[0]) == list(range(100))
+
+
+def _walk_costs(ranks):
+    table = [(k + 1) / 50.5 for k in range(JITTER_QUANTILES)]  # mean 1
+    return _costs({"edges": [], "tables": [table], "ranks": encode_ranks(ranks)}, None), table
+
+
+def test_jittered_replays_the_measured_ranks_in_order_within_a_spell(monkeypatch):
+    import dualpace.sim.costs as costs_mod
+
+    monkeypatch.setattr(costs_mod, "JITTER_SPELL", 10 ** 12)  # never jumps
+    log = [3, 1, 4, 0, 5, 9, 2, 6]
+    costs, _ = _walk_costs(log)
+    j = Jittered(costs, seed=1)
+    k = [round(j.gpu_step(GpuStepWork(decode_rows=1)) / 0.002 * 50.5) - 1 for _ in range(20)]
+    walk = [log[(log.index(k[0]) + i) % 8] for i in range(20)]
+    assert k == walk  # consecutive measured steps, wrapping at the log's end
+
+
+def test_jittered_spells_jump_at_their_mean_length_and_keep_the_mean(monkeypatch):
+    import dualpace.sim.costs as costs_mod
+
+    monkeypatch.setattr(costs_mod, "JITTER_SPELL", 20)
+    costs, table = _walk_costs(list(range(JITTER_QUANTILES)))  # rank i at log position i
+    j = Jittered(costs, seed=2)
+    k = np.array([round(j.gpu_step(GpuStepWork(decode_rows=1)) / 0.002 * 50.5) - 1
+                  for _ in range(20000)])
+    jumps = int((np.diff(k) % JITTER_QUANTILES != 1).sum())
+    assert 800 < jumps < 1200  # 1 in 20 steps (a jump onto the next step passes for none)
+    assert np.mean(np.array(table)[k]) == pytest.approx(1.0, rel=0.03)
+    assert len(set(k.tolist())) == JITTER_QUANTILES
+
+
+def test_each_kind_of_step_walks_its_own_log(monkeypatch):
+    import dualpace.sim.costs as costs_mod
+
+    monkeypatch.setattr(costs_mod, "JITTER_SPELL", 10 ** 12)
+    seq = list(range(JITTER_QUANTILES))
+    table = [(k + 1) / 50.5 for k in range(JITTER_QUANTILES)]
+    jit = {"edges": [], "tables": [table], "ranks": encode_ranks(seq)}
+    j = Jittered(_costs(jit, dict(jit)), seed=5)
+    g = [j.gpu_step(GpuStepWork(decode_rows=1)) / 0.002 for _ in range(3)]
+    c = [j.cpu_step(CpuStepWork(1, 10, "full-cpu")).seconds / 0.004 for _ in range(3)]
+    g.append(j.gpu_step(GpuStepWork(decode_rows=1)) / 0.002)
+    # the GPU walk goes on where it was, untouched by the CPU steps between
+    assert [round(x * 50.5) - 1 for x in g] == [(round(g[0] * 50.5) - 1 + i) % 100
+                                                 for i in range(4)]
+    assert [round(x * 50.5) - 1 for x in c] == [(round(c[0] * 50.5) - 1 + i) % 100
+                                                 for i in range(3)]
+
+
+def test_a_sweeps_points_draw_from_different_places(monkeypatch):
+    """Each point of a simulated sweep seeds its jitter with the rate too: a real sweep's
+    points run at different times, in different stretches of the box's noise."""
+    import dualpace.sim.run as run_mod
+    from dualpace.sim.run import simulate
+
+    from .test_simulator import _jobs, _small_setup
+
+    seeds = []
+
+    class Recording(Jittered):
+        def __init__(self, costs, seed):
+            seeds.append(seed)
+            super().__init__(costs, seed)
+
+    monkeypatch.setattr(run_mod, "Jittered", Recording)
+    costs = _costs({"edges": [], "tables": [[0.5, 1.5]]}, {"edges": [], "tables": [[0.5, 1.5]]})
+    for rate in (5.0, 10.0, 5.0):
+        simulate(_small_setup(), costs, "dualpace", _jobs(4), rate=rate, seed=4, jitter_seed=9)
+    assert seeds[0] != seeds[1] and seeds[0] == seeds[2]
