@@ -14,7 +14,9 @@ at the lowest rate under gpu-only, the unloaded reference. The last line with --
 {"policies": {"dualpace": {"sustainable_rate": ..}, "gated": {..}, "gpu-only": {..}}, ..};
 plots go to --out. Each real point also says what share of the host's CPU time the
 hypervisor gave to other guests meanwhile (``host_steal_fraction``, /proc/stat's steal): on
-a shared cloud box that share is what makes one sweep differ from the next.
+a shared cloud box that share is what makes one sweep differ from the next, and
+``--max-steal`` leaves out the points where it was high (``median_sweep``,
+``fit_measured_profile``).
 
 Every server logs its steps (``serve --step-log``); the run fits the simulator's step costs
 to them and writes ``--out``/profile-measured.json. ``--repeat N`` runs the whole real sweep
@@ -36,6 +38,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import loadgen
@@ -116,9 +119,10 @@ def run_policy(model: str, policy: str, jobs, args) -> list[dict]:
     before = scrape_metrics(url)  # also opens the first longest-stall window
     try:
         for rate in args.rates:
-            cpu0 = host_cpu_times()
+            cpu0, t0 = host_cpu_times(), time.monotonic()
             run = asyncio.run(loadgen.run_rate(loadgen_args(url, args.seed), jobs, rate))
             run["host_steal_fraction"] = steal_fraction(cpu0, host_cpu_times())
+            run["window"] = [round(t0, 4), round(time.monotonic(), 4)]  # the step logs' clock
             m = scrape_metrics(url)  # closes this rate's longest-stall window
             run["cpu_tier_longest_stall_s"] = m.get("dualpace:cpu_tier_longest_stall_seconds",
                                                     0.0)
@@ -282,19 +286,45 @@ def median_run(runs: list[dict]) -> dict:
     return _median_values(runs)
 
 
-def fit_measured_profile(policies, args, dirs: list | None = None) -> Path:
-    """The step costs of every policy's server, fitted together (over the step logs in
-    ``dirs``, default --out): --out/profile-measured.json."""
+def quiet(run: dict, max_steal: float | None) -> bool:
+    """Whether a real point ran on the whole box: the hypervisor gave at most ``max_steal`` of
+    the host's CPU time to other guests meanwhile (``host_steal_fraction``; a point that did
+    not measure it cannot say). ``None``: every point counts."""
+    if max_steal is None:
+        return True
+    steal = run.get("host_steal_fraction")
+    return steal is not None and steal <= max_steal
+
+
+def _quiet_steps(records: list[dict], runs: list[dict], max_steal: float, log: Path) -> list:
+    """The step records logged during the sweep's quiet points (their ``window``s)."""
+    if any("t" not in s for s in records):
+        raise SystemExit(f"compare_policies: {log} has steps without a time ('t'): a log "
+                         "from before --max-steal existed; run the sweep again")
+    windows = [r["window"] for r in runs if quiet(r, max_steal)]
+    return [s for s in records if any(a <= s["t"] <= b for a, b in windows)]
+
+
+def fit_measured_profile(policies, args, sweeps: list[tuple[Path, dict]]) -> Path:
+    """The step costs of every policy's server, fitted together over ``sweeps`` (each: the
+    directory with its step logs and that sweep's runs by policy): --out/profile-measured.json.
+    With ``--max-steal``, only the steps logged during quiet points count (``quiet``): a step
+    that lost its core to another guest says nothing about this runtime, and the tables of
+    the spread around the fit (``jitter_table``) then had 99th percentiles of 3-7x and
+    outliers of 10-47x the fit on a noisy day, against 2-4x on a quiet one."""
     from dualpace.profile_file import PROFILE_FORMAT
     from dualpace.sim.costs import OVERLAP, fit_step_costs
 
+    max_steal = getattr(args, "max_steal", None)
     by_policy = {}
     for p in policies:
-        for d in dirs or [args.out]:
+        for d, runs in sweeps:
             log = step_log(p, d)
             if log.exists():
-                by_policy.setdefault(p, []).extend(
-                    json.loads(line) for line in log.read_text().splitlines() if line)
+                records = [json.loads(line) for line in log.read_text().splitlines() if line]
+                if max_steal is not None:
+                    records = _quiet_steps(records, runs.get(p, []), max_steal, log)
+                by_policy.setdefault(p, []).extend(records)
     prof = json.loads(Path(args.profile).read_text()) if args.profile else {}
     pooled = [s for v in by_policy.values() for s in v]
     with_gpu = {p: v for p, v in by_policy.items() if any(s["kind"] == "gpu" for s in v)}
@@ -330,13 +360,27 @@ def summarize(results: dict, factor: float, real: bool) -> tuple[dict, dict]:
     return targets, summary
 
 
-def repeated_sweeps(model: str, jobs, policies, args) -> tuple[dict, list[dict]]:
+def median_sweep(reps: list[dict], policies, max_steal: float | None) -> tuple[dict, dict]:
+    """The per-rate median of several real sweeps (``median_run``); with ``max_steal``, of
+    each rate's quiet points (``quiet``), or of all of them where none was. Also, per policy
+    and rate, how many points were quiet."""
+    median, counts = {}, {}
+    for p in policies:
+        median[p], counts[p] = [], {}
+        for k in range(len(reps[0][p])):
+            points = [r[p][k] for r in reps]
+            calm = [x for x in points if quiet(x, max_steal)]
+            median[p].append(median_run(calm or points))
+            counts[p][str(points[0]["request_rate"])] = len(calm)
+    return median, counts
+
+
+def repeated_sweeps(model: str, jobs, policies, args) -> list[dict]:
     """--repeat: every policy's sweep args.repeat times, each into --out/rep<i> (its step
-    logs and its own compare.json); returns the per-rate median sweeps and, per repeat,
-    each policy's sustainable rate at that repeat's own target."""
+    logs and its own compare.json); returns each sweep's runs by policy."""
     import copy
 
-    reps, per_rep = [], []
+    reps = []
     for i in range(1, args.repeat + 1):
         rep_args = copy.copy(args)
         rep_args.out = str(Path(args.out) / f"rep{i}")
@@ -346,10 +390,23 @@ def repeated_sweeps(model: str, jobs, policies, args) -> tuple[dict, list[dict]]
         (Path(rep_args.out) / "compare.json").write_text(
             json.dumps({"summary": summary, "runs": runs}, indent=2))
         reps.append(runs)
-        per_rep.append({p: v["sustainable_rate"] for p, v in summary.items()})
-    median = {p: [median_run([r[p][k] for r in reps]) for k in range(len(args.rates))]
-              for p in policies}
-    return median, per_rep
+    return reps
+
+
+def saved_sweeps(out: Path, policies) -> list[dict]:
+    """--resummarize: the runs of the sweeps a --repeat run left in --out/rep1, rep2, ..."""
+    reps = []
+    while (out / f"rep{len(reps) + 1}" / "compare.json").exists():
+        runs = json.loads((out / f"rep{len(reps) + 1}" / "compare.json").read_text())["runs"]
+        missing = [p for p in policies if p not in runs]
+        if missing:
+            raise SystemExit(f"compare_policies: {out}/rep{len(reps) + 1} has no sweep of "
+                             f"{', '.join(missing)}")
+        reps.append(runs)
+    if not reps:
+        raise SystemExit(f"compare_policies: no {out}/rep1/compare.json to resummarize "
+                         "(--resummarize reads what a --repeat run wrote)")
+    return reps
 
 
 def main() -> None:
@@ -371,7 +428,20 @@ def main() -> None:
                     help="the sweep this many times (real: compare.json holds the per-rate "
                          "median, see above; --simulate: this many jitter seeds, their "
                          "per-rate median)")
+    ap.add_argument("--max-steal", type=float, default=None,
+                    help="real sweeps: the per-rate median and the fitted step costs only "
+                         "from points during which the hypervisor gave at most this share of "
+                         "the host's CPU time to other guests (host_steal_fraction; a rate "
+                         "with no such point takes all of its points)")
+    ap.add_argument("--resummarize", action="store_true",
+                    help="run nothing: the median and the profile again from the sweeps a "
+                         "--repeat run left in --out/rep1.. (say, with another --max-steal)")
     args = ap.parse_args()
+    if args.max_steal is not None and not 0.0 <= args.max_steal <= 1.0:
+        raise SystemExit("compare_policies: --max-steal is a share of CPU time, 0 to 1")
+    if args.resummarize and args.simulate:
+        raise SystemExit("compare_policies: --resummarize reads real sweeps; run --simulate "
+                         "after it")
     if args.repeat < 1:
         raise SystemExit("compare_policies: --repeat must be at least 1")
     args.rates = [float(x) for x in args.rates.split(",")]
@@ -391,14 +461,22 @@ def main() -> None:
             extra["repeats"] = per_seed
         extra["sim_profile"] = str(sim_profile)
         name = "compare-sim"
-    elif args.repeat == 1:
+    elif args.repeat == 1 and not args.resummarize:
         results = {p: run_policy(model, p, jobs, args) for p in policies}
-        extra["measured_profile"] = str(fit_measured_profile(policies, args))
+        extra["measured_profile"] = str(fit_measured_profile(policies, args, [(out, results)]))
         name = "compare"
     else:
-        results, extra["repeats"] = repeated_sweeps(model, jobs, policies, args)
+        reps = (saved_sweeps(out, policies) if args.resummarize
+                else repeated_sweeps(model, jobs, policies, args))
+        results, counts = median_sweep(reps, policies, args.max_steal)
+        extra["repeats"] = [{p: v["sustainable_rate"] for p, v in
+                             summarize(r, args.target_factor, real=True)[1].items()}
+                            for r in reps]
+        if args.max_steal is not None:
+            extra["quiet_points"] = counts
+            extra["max_steal"] = args.max_steal
         extra["measured_profile"] = str(fit_measured_profile(
-            policies, args, [out / f"rep{i}" for i in range(1, args.repeat + 1)]))
+            policies, args, [(out / f"rep{i}", r) for i, r in enumerate(reps, 1)]))
         name = "compare"
     targets, summary = summarize(results, args.target_factor, real=not args.simulate)
     if args.simulate and (out / "compare.json").exists():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 from dualpace.config import EngineConfig
 from dualpace.engine.llm_engine import EngineDead, LLMEngine
@@ -28,7 +29,9 @@ class EngineUnavailable(RuntimeError):
 class ServingEngine:
     def __init__(self, config: EngineConfig, step_log: str | None = None):
         """``step_log``: a file that gets one JSON line per executed step (its work and
-        seconds; what ``dualpace simulate`` fits its cost models to)."""
+        seconds; what ``dualpace simulate`` fits its cost models to), stamped ``t``: the
+        host's monotonic clock when the step was logged (the same clock in every process,
+        so a benchmark can tell which of its runs a step belongs to)."""
         self.model_config = load_model_config(config.model)
         self.tokenizer = Tokenizer(config.model)
         # Resolved once: the runtime and the workers get this object.
@@ -101,6 +104,7 @@ class ServingEngine:
         return self.engine.metrics.samples() if self.engine else {}
 
     def _log_step(self, record: dict) -> None:
+        record = {**record, "t": round(time.monotonic(), 4)}
         self._step_file.write(json.dumps(record, separators=(",", ":")) + "\n")
 
     async def stop(self) -> None:

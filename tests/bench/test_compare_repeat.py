@@ -33,3 +33,73 @@ def test_median_run_refuses_points_at_different_rates():
 
     with pytest.raises(ValueError, match="different rates"):
         median_run([{"request_rate": 2.0}, {"request_rate": 4.0}])
+
+
+def _point(rate, steal, itl, window=None):
+    return {"request_rate": rate, "host_steal_fraction": steal, "p99_itl_ms": itl,
+            "window": window or [0.0, 0.0]}
+
+
+def test_quiet_points_are_those_the_hypervisor_left_alone():
+    from compare_policies import quiet
+
+    assert quiet(_point(2.0, 0.05, 1.0), 0.05) and not quiet(_point(2.0, 0.0501, 1.0), 0.05)
+    assert quiet(_point(2.0, 0.9, 1.0), None)  # no threshold: every point counts
+    assert not quiet({"request_rate": 2.0}, 0.05)  # unmeasured: cannot say it was quiet
+
+
+def test_median_sweep_takes_each_rates_quiet_points_or_all_where_none_was():
+    from compare_policies import median_sweep
+
+    reps = [{"dualpace": [_point(2.0, 0.01, 10.0), _point(4.0, 0.30, 90.0)]},
+            {"dualpace": [_point(2.0, 0.20, 80.0), _point(4.0, 0.25, 70.0)]},
+            {"dualpace": [_point(2.0, 0.02, 12.0), _point(4.0, 0.40, 50.0)]}]
+    median, counts = median_sweep(reps, ["dualpace"], 0.05)
+    assert [r["p99_itl_ms"] for r in median["dualpace"]] == [11.0, 70.0]
+    assert counts == {"dualpace": {"2.0": 2, "4.0": 0}}
+    every, _ = median_sweep(reps, ["dualpace"], None)
+    assert [r["p99_itl_ms"] for r in every["dualpace"]] == [12.0, 70.0]
+
+
+def test_the_profile_is_fitted_to_the_quiet_points_steps_only(tmp_path, monkeypatch):
+    import argparse
+    import json
+
+    import compare_policies
+
+    steps = tmp_path / "steps-dualpace.jsonl"
+    steps.write_text("".join(json.dumps({"kind": "cpu", "t": t, "n": i}) + "\n"
+                             for i, t in enumerate([1.0, 5.0, 11.0, 15.0, 21.0, 25.0])))
+    runs = {"dualpace": [_point(2.0, 0.01, 1.0, [0.0, 10.0]), _point(4.0, 0.3, 1.0, [10.0, 20.0]),
+                         _point(8.0, 0.0, 1.0, [20.0, 30.0])]}
+    fitted = []
+    monkeypatch.setattr("dualpace.sim.costs.fit_step_costs",
+                        lambda samples, contention=False: fitted.append(samples) or {})
+    args = argparse.Namespace(out=str(tmp_path), profile=None, max_steal=0.05)
+    compare_policies.fit_measured_profile(["dualpace"], args, [(tmp_path, runs)])
+    assert [s["n"] for s in fitted[0]] == [0, 1, 4, 5]  # not the 4 req/s point's steps
+    args.max_steal = None
+    fitted.clear()
+    compare_policies.fit_measured_profile(["dualpace"], args, [(tmp_path, runs)])
+    assert [s["n"] for s in fitted[0]] == [0, 1, 2, 3, 4, 5]
+    steps.write_text(json.dumps({"kind": "cpu"}) + "\n")  # a log from before the stamps
+    args.max_steal = 0.05
+    with pytest.raises(SystemExit, match="without a time"):
+        compare_policies.fit_measured_profile(["dualpace"], args, [(tmp_path, runs)])
+
+
+def test_resummarize_reads_the_saved_sweeps_and_says_what_is_missing(tmp_path):
+    import json
+
+    from compare_policies import saved_sweeps
+
+    with pytest.raises(SystemExit, match=r"no .*rep1/compare\.json"):
+        saved_sweeps(tmp_path, ["dualpace"])
+    for i in (1, 2):
+        (tmp_path / f"rep{i}").mkdir()
+        (tmp_path / f"rep{i}" / "compare.json").write_text(json.dumps(
+            {"runs": {"dualpace": [_point(2.0, 0.0, float(i))]}}))
+    assert [r["dualpace"][0]["p99_itl_ms"] for r in saved_sweeps(tmp_path, ["dualpace"])] == [
+        1.0, 2.0]
+    with pytest.raises(SystemExit, match="rep1 has no sweep of gated"):
+        saved_sweeps(tmp_path, ["dualpace", "gated"])
