@@ -309,9 +309,10 @@ class Jittered:
     Profiles without ranks draw each step's entry independently.
 
     Measured on this box (4 sets of 4 real sweeps, one of them also as its quiet points
-    alone, each against 4 seeds; P99s per policy and rate): engine P99 inter-token latencies within 20% of the real ones at 43 of 75 points
-    with the walk, 31 with independent draws, which spread the noisiest sweep's tail over
-    every simulated point (dualpace's came out 28-51% high); but P99 TTFT within 20% at 43
+    alone, each against 4 seeds; P99s per policy and rate): engine P99 inter-token latencies
+    within 20% of the real ones at 43 of 75 points with the walk, 31 with independent draws,
+    which spread the noisiest sweep's tail over every simulated point (dualpace's came out
+    28-51% high); but P99 TTFT within 20% at 43
     against 51 (slow spells build queues that the independent draws average away), and
     sustainable rates within 10% equally often (19 of 34 against 19 of 35). Spells of 1,000
     steps did no better on latency and worse on the rates."""
