@@ -3,11 +3,12 @@
  * and DP_QVW, the width of q's chunks: q holds a group's G query rows chunk-major, chunk c
  * (DP_QVW elements) of head g at q[(c * G + g) * DP_QVW], so that a tile reaches every
  * head's chunk from one pointer.
- *   prim_qk_block(q, k, row, n, dtype, D, G, s, BS, nxt, kvd)
+ *   prim_qk_block(q, k, row, n, dtype, D, G, s, BS, nxt)
  *                                                  s[g*BS+t] = <q head g, k[t]>, t < n, and
- *                                                  a prefetch of the rows nxt bytes on (K)
- *                                                  and nxt + kvd bytes on (V)
- *   prim_pv_block(acc, p, v, row, n, dtype, D, G)    acc[g*D..] += sum_t p[t*G+g] v[t]
+ *                                                  a prefetch of the K rows nxt bytes on
+ *   prim_pv_block(acc, p, v, row, n, dtype, D, G, nxt)
+ *                                                  acc[g*D..] += sum_t p[t*G+g] v[t], and
+ *                                                  a prefetch of the V rows nxt bytes on
  *   prim_max(s, n) -> max of s[0..n)
  *   prim_scale(x, c, n)                            x *= c
  *   prim_exp_sub(s, n, m) -> sum                   s = exp(s - m), returns the sum
@@ -26,15 +27,15 @@
  * the online-softmax update of the group's G query heads, PV. */
 static inline __attribute__((always_inline)) void block_head(
     const dp_attn_args *a, const char *kp, const char *vp, int n, const float *qf,
-    float *m, float *l, float *acc, float *s, float *pt, int64_t nxt, int64_t kv_delta,
+    float *m, float *l, float *acc, float *s, float *pt, int64_t nxt,
     const int G, const int kvdt, const int pairs) {
     const int D = a->D, BS = a->BS;
     const int64_t row = (int64_t)D * dp_elem_size(kvdt);
 #ifdef DP_HAVE_PAIRS
-    if (pairs) prim_qk_block_pairs(qf, kp, row, n, D, G, s, BS, nxt, kv_delta);
+    if (pairs) prim_qk_block_pairs(qf, kp, row, n, D, G, s, BS, nxt);
     else
 #endif
-    prim_qk_block(qf, kp, row, n, kvdt, D, G, s, BS, nxt, kv_delta);
+    prim_qk_block(qf, kp, row, n, kvdt, D, G, s, BS, nxt);
     (void)pairs;
     for (int g = 0; g < G; g++) {
         const float bm = prim_max(s + g * BS, n);
@@ -55,10 +56,10 @@ static inline __attribute__((always_inline)) void block_head(
         w = pt;
     }
 #ifdef DP_HAVE_PAIRS
-    if (pairs) prim_pv_block_pairs(acc, w, vp, row, n, D, G);
+    if (pairs) prim_pv_block_pairs(acc, w, vp, row, n, D, G, nxt);
     else
 #endif
-    prim_pv_block(acc, w, vp, row, n, kvdt, D, G);
+    prim_pv_block(acc, w, vp, row, n, kvdt, D, G, nxt);
 }
 
 static inline __attribute__((always_inline)) void item_impl(
@@ -67,7 +68,6 @@ static inline __attribute__((always_inline)) void item_impl(
     const int D = a->D, BS = a->BS, Hkv = a->Hkv;
     const int64_t row = (int64_t)D * dp_elem_size(kvdt);
     const int64_t head_bytes = (int64_t)BS * row;          /* one block of one KV head */
-    const int64_t kv_delta = (const char *)a->v_cache - (const char *)a->k_cache;
     const int nh = h1 - h0;
     float *qf = ws;                       /* [nh][D / DP_QVW][G][DP_QVW] q, pre-scaled */
     float *s = ws + (int64_t)nh * G * D;  /* [G, BS] scores of one block and head */
@@ -110,7 +110,7 @@ static inline __attribute__((always_inline)) void item_impl(
             const int64_t hb = base + h * head_bytes;
             block_head(a, (const char *)a->k_cache + hb, (const char *)a->v_cache + hb, n,
                        qf + (int64_t)h * G * D, m + h * G, l + h * G, acc + (int64_t)h * G * D,
-                       s, pt, nxt, kv_delta, G, kvdt, pairs);
+                       s, pt, nxt, G, kvdt, pairs);
         }
         t += n;
     }

@@ -4,8 +4,8 @@
 
 static inline __attribute__((always_inline)) void prim_qk_block(
     const float *q, const char *k, int64_t row, int n, int dtype, int D, int G, float *s, int BS,
-    int64_t nxt, int64_t kvd) {
-    (void)nxt; (void)kvd;  /* the portable path leaves prefetching to the hardware */
+    int64_t nxt) {
+    (void)nxt;  /* the portable path leaves prefetching to the hardware */
     for (int t = 0; t < n; t++)
         for (int g = 0; g < G; g++) {
             float acc = 0.f;
@@ -14,7 +14,9 @@ static inline __attribute__((always_inline)) void prim_qk_block(
         }
 }
 static inline __attribute__((always_inline)) void prim_pv_block(
-    float *acc, const float *p, const char *v, int64_t row, int n, int dtype, int D, int G) {
+    float *acc, const float *p, const char *v, int64_t row, int n, int dtype, int D, int G,
+    int64_t nxt) {
+    (void)nxt;
     for (int t = 0; t < n; t++)
         for (int d = 0; d < D; d++) {
             const float vd = dp_load_elem(v + t * row, dtype, d);

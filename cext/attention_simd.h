@@ -28,16 +28,16 @@ static inline __attribute__((always_inline)) void store_scores(
         for (int g = 0; g < G; g++) s[g * BS + t] = sums[t * G + g];
 }
 
-/* The next block's K and V lines, prefetched beside this block's: nxt is the byte distance
- * from a K row of this block to the same row of the next one (0 when there is none: the
- * prefetches then touch lines already in cache), kvd from a K row to its V row. Paged
- * blocks are a few KB on their own pages, where the hardware prefetchers stop. Issued one
- * line per line of K read, the prefetches spread evenly through the compute; issued all at
- * once per block they filled the line-fill buffers and stalled the core. */
-static inline __attribute__((always_inline)) void prefetch_next(const char *kl, int64_t nxt,
-                                                              int64_t kvd) {
-    __builtin_prefetch(kl + nxt, 0, 3);
-    __builtin_prefetch(kl + nxt + kvd, 0, 3);
+/* The next block's line, prefetched beside this block's: nxt is the byte distance from a
+ * row of this block to the same row of the next one (0 when there is none: the prefetch
+ * then touches a line already in cache). Paged blocks are a few KB on their own pages,
+ * where the hardware prefetchers stop. QK prefetches the K lines and PV the V lines, one
+ * line per line read, so the prefetches spread evenly through the compute: issued all at
+ * once per block they filled the line-fill buffers and stalled the core, and with both K's
+ * and V's issued during QK (a third of a G = 8 step) a G = 8 step ran 1.3-1.5x slower from
+ * DRAM on a Zen 5 (G = 4: 1.15-1.35x). */
+static inline __attribute__((always_inline)) void prefetch_next(const char *line, int64_t nxt) {
+    __builtin_prefetch(line + nxt, 0, 3);
 }
 
 /* q is chunk-major (attention_body.h): chunk c of head g at q[c * qs + g * VW], so one
@@ -46,7 +46,7 @@ static inline __attribute__((always_inline)) void prefetch_next(const char *kl, 
  * pointers went to the stack and were reloaded every chunk. */
 static inline __attribute__((always_inline)) void qk_tile(
     const float *q, int qs, const char *k, int64_t row, int dtype, int D, int G, int TT,
-    float *s, int BS, int pf, int64_t nxt, int64_t kvd) {
+    float *s, int BS, int pf, int64_t nxt) {
     const int esz = dp_elem_size(dtype);
     VEC acc[4][QK_GT];
     for (int t = 0; t < TT; t++)
@@ -55,7 +55,7 @@ static inline __attribute__((always_inline)) void qk_tile(
     const char *kc = k;
     for (int c = 0; c < D / VW; c++, qc += qs, kc += VW * esz) {
         if (pf && (c * VW * esz) % 64 == 0)  /* a new cache line of each row */
-            for (int t = 0; t < TT; t++) prefetch_next(kc + t * row, nxt, kvd);
+            for (int t = 0; t < TT; t++) prefetch_next(kc + t * row, nxt);
         VEC kv[4];
         for (int t = 0; t < TT; t++) kv[t] = vload_w(kc + t * row, dtype);
         for (int g = 0; g < G; g++) {
@@ -72,16 +72,16 @@ static inline __attribute__((always_inline)) void qk_tile(
  * whose 16 FMAs a chunk each took their q operand from memory. The first slice prefetches. */
 static inline __attribute__((always_inline)) void prim_qk_block(
     const float *q, const char *k, int64_t row, int n, int dtype, int D, int G, float *s,
-    int BS, int64_t nxt, int64_t kvd) {
+    int BS, int64_t nxt) {
     for (int g0 = 0; g0 < G; g0 += QK_GT) {
         const int gn = G - g0 < QK_GT ? G - g0 : QK_GT, TT = QK_TT(gn);
         int t = 0;
         for (; t + TT <= n; t += TT)
             qk_tile(q + g0 * VW, G * VW, k + t * row, row, dtype, D, gn, TT,
-                    s + g0 * BS + t, BS, g0 == 0, nxt, kvd);
+                    s + g0 * BS + t, BS, g0 == 0, nxt);
         for (; t < n; t++)
             qk_tile(q + g0 * VW, G * VW, k + t * row, row, dtype, D, gn, 1, s + g0 * BS + t, BS,
-                    g0 == 0, nxt, kvd);
+                    g0 == 0, nxt);
     }
 }
 
@@ -121,7 +121,7 @@ static inline __attribute__((always_inline)) VEC pv_row(const char *vt, int c, i
 #endif
 static inline __attribute__((always_inline)) void pv_pass(
     float *acc, const float *p, const char *v, int64_t row, int n, int dtype, int D, int G,
-    int g0, int gn, int d0, const int DC, int pairs) {
+    int g0, int gn, int d0, const int DC, int pairs, int64_t nxt) {
     const int esz = dp_elem_size(dtype);
     VEC a[PV_ACC];
     for (int c = 0; c < DC; c++)
@@ -133,6 +133,10 @@ static inline __attribute__((always_inline)) void pv_pass(
         VEC w[8];
         for (int g = 0; g < gn; g++) w[g] = vset1(pt[g]);
         for (int c = 0; c < DC; c++) {
+            /* a pass reads its own chunks of every row: the first slice of heads prefetches
+             * the lines they start */
+            if (g0 == 0 && ((d0 + c * VW) * esz) % 64 == 0)
+                prefetch_next(vt + (int64_t)c * VW * esz, nxt);
             const VEC vv = pv_row(vt, c, d0 / VW, esz, dtype, pairs);
             for (int g = 0; g < gn; g++) a[c * gn + g] = vfma(w[g], vv, a[c * gn + g]);
         }
@@ -144,16 +148,18 @@ static inline __attribute__((always_inline)) void pv_pass(
 
 static inline __attribute__((always_inline)) void pv_passes(
     float *acc, const float *p, const char *v, int64_t row, int n, int dtype, int D, int G,
-    int pairs) {
+    int pairs, int64_t nxt) {
     if (G <= 8 && G <= PV_ACC) {
         const int DC = PV_ACC / G < 8 ? PV_ACC / G : 8;
         int d0 = 0;
         for (; d0 + DC * VW <= D; d0 += DC * VW)
-            pv_pass(acc, p, v, row, n, dtype, D, G, 0, G, d0, DC, pairs);
+            pv_pass(acc, p, v, row, n, dtype, D, G, 0, G, d0, DC, pairs, nxt);
         /* the last (D / VW) % DC chunks: one pass with as many accumulators as are left */
         switch ((D - d0) / VW) {
 #define DP_PV_REST(r) \
-        case r: if ((r) < DC) pv_pass(acc, p, v, row, n, dtype, D, G, 0, G, d0, (r), pairs); break;
+        case r: \
+            if ((r) < DC) pv_pass(acc, p, v, row, n, dtype, D, G, 0, G, d0, (r), pairs, nxt); \
+            break;
         DP_PV_REST(1) DP_PV_REST(2) DP_PV_REST(3) DP_PV_REST(4) DP_PV_REST(5) DP_PV_REST(6)
         DP_PV_REST(7)
 #undef DP_PV_REST
@@ -163,12 +169,14 @@ static inline __attribute__((always_inline)) void pv_passes(
     }
     for (int g0 = 0; g0 < G; g0 += 8)
         for (int d0 = 0; d0 < D; d0 += VW)
-            pv_pass(acc, p, v, row, n, dtype, D, G, g0, G - g0 < 8 ? G - g0 : 8, d0, 1, pairs);
+            pv_pass(acc, p, v, row, n, dtype, D, G, g0, G - g0 < 8 ? G - g0 : 8, d0, 1, pairs,
+                    nxt);
 }
 
 static inline __attribute__((always_inline)) void prim_pv_block(
-    float *acc, const float *p, const char *v, int64_t row, int n, int dtype, int D, int G) {
-    pv_passes(acc, p, v, row, n, dtype, D, G, 0);
+    float *acc, const float *p, const char *v, int64_t row, int n, int dtype, int D, int G,
+    int64_t nxt) {
+    pv_passes(acc, p, v, row, n, dtype, D, G, 0, nxt);
 }
 
 static inline __attribute__((always_inline)) float prim_max(const float *s, int n) {
@@ -215,7 +223,7 @@ static inline __attribute__((always_inline)) int pair_pos(int d) {
 
 static inline __attribute__((always_inline)) void qk_tile_pairs(
     const float *q, int qs, const char *k, int64_t row, int D, int G, int TT, float *s, int BS,
-    int pf, int64_t nxt, int64_t kvd) {
+    int pf, int64_t nxt) {
     VEC acc[4][QK_GT];
     for (int t = 0; t < TT; t++)
         for (int g = 0; g < G; g++) acc[t][g] = vzero();
@@ -223,7 +231,7 @@ static inline __attribute__((always_inline)) void qk_tile_pairs(
     const char *kc = k;
     for (int c = 0; c < D / VW; c += 2, qc += 2 * qs, kc += 2 * VW * 2) {
         if (pf && (c * VW * 2) % 64 == 0)
-            for (int t = 0; t < TT; t++) prefetch_next(kc + t * row, nxt, kvd);
+            for (int t = 0; t < TT; t++) prefetch_next(kc + t * row, nxt);
         for (int half = 0; half < 2; half++) {
             VEC kv[4];
             for (int t = 0; t < TT; t++) kv[t] = vbf16_half(kc + t * row, half);
@@ -238,21 +246,21 @@ static inline __attribute__((always_inline)) void qk_tile_pairs(
 
 static inline __attribute__((always_inline)) void prim_qk_block_pairs(
     const float *q, const char *k, int64_t row, int n, int D, int G, float *s, int BS,
-    int64_t nxt, int64_t kvd) {
+    int64_t nxt) {
     for (int g0 = 0; g0 < G; g0 += QK_GT) {
         const int gn = G - g0 < QK_GT ? G - g0 : QK_GT, TT = QK_TT(gn);
         int t = 0;
         for (; t + TT <= n; t += TT)
             qk_tile_pairs(q + g0 * VW, G * VW, k + t * row, row, D, gn, TT, s + g0 * BS + t,
-                          BS, g0 == 0, nxt, kvd);
+                          BS, g0 == 0, nxt);
         for (; t < n; t++)
             qk_tile_pairs(q + g0 * VW, G * VW, k + t * row, row, D, gn, 1, s + g0 * BS + t, BS,
-                          g0 == 0, nxt, kvd);
+                          g0 == 0, nxt);
     }
 }
 
 static inline __attribute__((always_inline)) void prim_pv_block_pairs(
-    float *acc, const float *p, const char *v, int64_t row, int n, int D, int G) {
-    pv_passes(acc, p, v, row, n, DP_BF16, D, G, 1);
+    float *acc, const float *p, const char *v, int64_t row, int n, int D, int G, int64_t nxt) {
+    pv_passes(acc, p, v, row, n, DP_BF16, D, G, 1, nxt);
 }
 #endif /* DP_HAVE_PAIRS */

@@ -545,12 +545,11 @@ PLANTS = [
           "vreduce_add(acc[i][j]) + (bias ? bias[n0 + j] : 0.f)", "vreduce_add(acc[i][j])",
           ("tests/kernels/test_linear.py",)),
     Plant("attention-q-rounded-to-bf16", "the attention kernel rounds fp32 queries to bf16",
-          "cext/attention_body.h", "q0 + ((int64_t)h * G + g) * D + d) * a->scale;",
-          "q0 + ((int64_t)h * G + g) * D + d) * a->scale;\n"
-          "                qf[(int64_t)h * G * D + (pos / DP_QVW * G + g) * DP_QVW + pos % DP_QVW]"
-          " = dp_bf16_to_f32(dp_f32_to_bf16(\n"
-          "                qf[(int64_t)h * G * D + (pos / DP_QVW * G + g) * DP_QVW + pos % DP_QVW"
-          "]));",
+          "cext/attention_body.h",
+          "D, a->scale, qrow);\n",
+          "D, a->scale, qrow);\n"
+          "            for (int d = 0; d < D; d++)\n"
+          "                qrow[d] = dp_bf16_to_f32(dp_f32_to_bf16(qrow[d]));\n",
           ("tests/kernels/test_paged_attention.py::"
            "test_fp32_queries_over_bf16_kv_keep_fp32_precision",)),
     Plant("workers-spin-for-ms", "workers keep libgomp's milliseconds-long idle spin",
@@ -584,7 +583,7 @@ PLANTS = [
           ("tests/sim/test_simulator.py",)),
     Plant("pv-short-pass-drops-a-chunk", "the PV loop's short last pass over the head dim "
           "leaves out its last chunk", "cext/attention_simd.h",
-          "d0, (r), pairs); break;", "d0, (r) - 1, pairs); break;",
+          "d0, (r), pairs, nxt); \\", "d0, (r) - 1, pairs, nxt); \\",
           ("tests/kernels/test_paged_attention.py::test_every_listed_head_dim_group_and_block_size",)),
     Plant("attention-head-range-of-one", "a KV-head range of the attention driver covers "
           "only its first head", "cext/attention.c",
@@ -593,8 +592,8 @@ PLANTS = [
            "test_few_sequences_split_into_segments_and_head_ranges",)),
     Plant("qk-slices-overwrite-first-heads", "every QK slice of a large GQA group writes its "
           "scores to the first heads' rows", "cext/attention_simd.h",
-          "                    s + g0 * BS + t, BS, g0 == 0, nxt, kvd);",
-          "                    s + t, BS, g0 == 0, nxt, kvd);",
+          "                    s + g0 * BS + t, BS, g0 == 0, nxt);",
+          "                    s + t, BS, g0 == 0, nxt);",
           ("tests/kernels/test_paged_attention.py::"
            "test_few_sequences_split_into_segments_and_head_ranges",)),
     Plant("sim-jitter-shifts-the-mean", "a step-time jitter table is not divided by its mean",
