@@ -10,6 +10,10 @@ ratios: on a shared host the bandwidth drifts by a quarter within a minute, and 
 at the start put some rows above 1.0. kernel_ms and the ratio to torch come from a plain
 repeat loop, as torch's time does.
 Shape per layer: Hq=32, Hkv=8, head_dim=128 (Llama-3-8B), block size 16.
+
+--grid adds the issue's shape grid at 32 sequences x 1024 tokens (32k KV tokens, Hkv=8):
+GQA groups 1/4/8 x head dims 64/80/96/128 x block sizes 16/32/64, for each dtype, and
+min_fraction_of_dram_bw_grid. Each row says whether the path took bf16 dot products.
 """
 
 from __future__ import annotations
@@ -63,7 +67,10 @@ def main() -> None:
     ap.add_argument("--contexts", default="128,1024,4096")
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--isa", default=None, help="scalar | avx2 | avx512 (default: best)")
+    ap.add_argument("--isa", default=None,
+                    help="scalar | avx2 | avx512 | avx512_bf16 (default: the best this CPU has)")
+    ap.add_argument("--grid", action="store_true",
+                    help="also the GQA x head-dim x block-size grid at 32k tokens")
     ap.add_argument("--ref-max-tokens", type=int, default=131072,
                     help="skip the (slow, memory-hungry) torch reference above B x context")
     args = ap.parse_args()
@@ -74,31 +81,43 @@ def main() -> None:
     stream = functools.partial(cpu.stream_read, sbuf, threads)
     bw_samples = []
     rows = []
-    for dname in args.dtypes.split(","):
-        dtype = getattr(torch, dname)
+    def measure(b, ctx, hq_, hkv_, d_, bs_, dtype, with_ref):
+        q, k, v, t, sl = case(b, ctx, hq_, hkv_, d_, bs_, dtype)
+        qd = q.to(dtype)
+        kernel = functools.partial(cpu.paged_decode_attention, qd, k, v, t, sl, d_**-0.5,
+                                   isa=args.isa)
+        tks, tss = paired_times(kernel, stream, args.repeats)
+        bw_samples.extend(sbytes / t for t in tss)
+        # the time (and the ratio to torch) from a plain loop, as torch's is taken
+        tk = median_time(kernel, args.repeats)
+        kv_bytes = 2 * b * ctx * hkv_ * d_ * k.element_size()
+        frac = statistics.median(kv_bytes / a / (sbytes / c) for a, c in zip(tks, tss))
+        row = {"dtype": str(dtype).removeprefix("torch."), "batch": b, "context": ctx,
+               "tokens": b * ctx, "kernel_ms": round(tk * 1e3, 3),
+               "kv_gb_per_s": round(kv_bytes / tk / 1e9, 2),
+               "fraction_of_dram_bw": round(frac, 3),
+               "bf16_dot": cpu.attention_uses_bf16_dot(dtype, dtype, hq_ // hkv_, d_,
+                                                       isa=args.isa)}
+        if with_ref and b * ctx <= args.ref_max_tokens:
+            ref = functools.partial(paged_decode_attention_ref, qd, k, v, t, sl, d_**-0.5)
+            tr = median_time(ref, max(1, args.repeats // 2))
+            row.update({"torch_ref_ms": round(tr * 1e3, 3),
+                        "speedup_vs_torch": round(tr / tk, 1)})
+        return row
+
+    dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
+    for dtype in dtypes:
         for b in (int(x) for x in args.batches.split(",")):
             for ctx in (int(x) for x in args.contexts.split(",")):
-                q, k, v, t, sl = case(b, ctx, hq, hkv, d, bs, dtype)
-                qd = q.to(dtype)
-                kernel = functools.partial(cpu.paged_decode_attention, qd, k, v, t, sl,
-                                           d**-0.5, isa=args.isa)
-                tks, tss = paired_times(kernel, stream, args.repeats)
-                bw_samples += [sbytes / t for t in tss]
-                # the time (and the ratio to torch) from a plain loop, as torch's is taken
-                tk = median_time(kernel, args.repeats)
-                kv_bytes = 2 * b * ctx * hkv * d * k.element_size()
-                frac = statistics.median(kv_bytes / a / (sbytes / c) for a, c in zip(tks, tss))
-                row = {"dtype": dname, "batch": b, "context": ctx, "tokens": b * ctx,
-                       "kernel_ms": round(tk * 1e3, 3),
-                       "kv_gb_per_s": round(kv_bytes / tk / 1e9, 2),
-                       "fraction_of_dram_bw": round(frac, 3)}
-                if b * ctx <= args.ref_max_tokens:
-                    ref = functools.partial(paged_decode_attention_ref, qd, k, v, t, sl, d**-0.5)
-                    tr = median_time(ref, max(1, args.repeats // 2))
-                    row.update({"torch_ref_ms": round(tr * 1e3, 3),
-                                "speedup_vs_torch": round(tr / tk, 1)})
-                rows.append(row)
-                del q, k, v
+                rows.append(measure(b, ctx, hq, hkv, d, bs, dtype, True))
+    grid = []
+    if args.grid:
+        for dtype in dtypes:
+            for group in (1, 4, 8):
+                for hd in (64, 80, 96, 128):
+                    for gbs in (16, 32, 64):
+                        r = measure(32, 1024, 8 * group, 8, hd, gbs, dtype, False)
+                        grid.append({"group": group, "head_dim": hd, "block_size": gbs, **r})
     big = [r for r in rows if r["tokens"] >= 32768]
     emit({
         "bench": "cpu_attention", "isa": cpu.resolve_isa(args.isa), "threads": threads,
@@ -109,6 +128,8 @@ def main() -> None:
         "min_speedup_vs_torch": min((r["speedup_vs_torch"] for r in rows
                                      if "speedup_vs_torch" in r), default=None),
         "results": rows,
+        **({"min_fraction_of_dram_bw_grid": min(r["fraction_of_dram_bw"] for r in grid),
+            "grid": grid} if grid else {}),
     }, args.json)
 
 

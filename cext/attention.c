@@ -14,6 +14,7 @@ static dp_attn_item_fn pick(int isa) {
     case DP_ISA_SCALAR: return dp_attn_item_scalar;
     case DP_ISA_AVX2: return dp_attn_item_avx2;
     case DP_ISA_AVX512: return dp_attn_item_avx512;
+    case DP_ISA_AVX512_BF16: return dp_attn_item_avx512bf16;
     default: return NULL;
     }
 }
@@ -121,6 +122,10 @@ int dp_paged_decode_attention(
     }
     free(seg_first); free(seg_seq); free(pm); free(pl); free(pacc);
     return oom ? -5 : 0;
+}
+
+int dp_attn_bf16_dot(int q_dtype, int kv_dtype, int G, int D) {
+    return dp_bf16_dot_applies(q_dtype, kv_dtype, G, D);
 }
 
 double dp_stream_read_scalar(const float *buf, int64_t n);

@@ -8,8 +8,9 @@
 /* element types of q / KV / outputs */
 enum { DP_F32 = 0, DP_BF16 = 1, DP_F16 = 2 };
 
-/* instruction-set paths; DP_ISA_AMX is reserved for an AMX tile path */
-enum { DP_ISA_SCALAR = 0, DP_ISA_AVX2 = 1, DP_ISA_AVX512 = 2, DP_ISA_AMX = 3 };
+/* instruction-set paths. DP_ISA_AVX512_BF16 is AVX-512 plus the bf16 dot product: decode
+ * attention over bf16 q and KV uses it, everything else runs the AVX-512 bodies. */
+enum { DP_ISA_SCALAR = 0, DP_ISA_AVX2 = 1, DP_ISA_AVX512 = 2, DP_ISA_AVX512_BF16 = 3 };
 
 /* feature bits reported by dp_cpu_features() */
 enum {
@@ -28,6 +29,10 @@ int dp_paged_decode_attention(
     const int32_t *block_tables, int max_blocks, const int32_t *seq_lens, void *out,
     int B, int Hq, int Hkv, int D, int BS, int num_blocks, float scale,
     int isa, int num_threads);
+
+/* 1 when the AVX512_BF16 path runs decode attention of these dtypes and shape with bf16 dot
+ * products (attention_avx512bf16.c), 0 when it runs the AVX-512 route. */
+int dp_attn_bf16_dot(int q_dtype, int kv_dtype, int G, int D);
 
 /* Decode-shaped dense linear: out[M,N] (fp32) = x[M,K] (fp32) @ W[N,K]^T + bias[N]
  * (bias may be NULL); W fp32, bf16 or fp16; K a multiple of 16. Bound by reading W. */

@@ -26,6 +26,19 @@ void dp_attn_item_avx2(const dp_attn_args *, int, int, int, int, int, float *, f
                        float *, float *);
 void dp_attn_item_avx512(const dp_attn_args *, int, int, int, int, int, float *, float *,
                          float *, float *);
+void dp_attn_item_avx512bf16(const dp_attn_args *, int, int, int, int, int, float *, float *,
+                             float *, float *);
+
+/* Where the AVX512_BF16 item takes bf16 dot products (attention_avx512bf16.c, where they
+ * measured faster): bf16 q and KV, G >= 2, whole 32-element chunks of the head dim. */
+#define DP_BF16_DOT_CHUNK 32
+static inline int dp_bf16_dot_applies(int q_dtype, int kv_dtype, int G, int D) {
+    return q_dtype == DP_BF16 && kv_dtype == DP_BF16 && G >= 2 && D % DP_BF16_DOT_CHUNK == 0;
+}
+
+/* The ISA whose bodies run the dense stages on a path: their activations are fp32, which
+ * the bf16 dot product would round, so the AVX512_BF16 path runs the AVX-512 ones. */
+static inline int dp_dense_isa(int isa) { return isa == DP_ISA_AVX512_BF16 ? DP_ISA_AVX512 : isa; }
 
 /* The decode linear's per-ISA bodies (linear_body.h): out rows [n_lo, n_hi) of
  * x[M,K] @ W[N,K]^T + bias; drivers in linear.c and layer.c split the rows over threads. */
@@ -38,6 +51,7 @@ void dp_linear_avx2(const float *, int, int, const void *, int, int, const float
 void dp_linear_avx512(const float *, int, int, const void *, int, int, const float *, float *,
                       int, int);
 static inline dp_linear_fn dp_linear_for(int isa) {
+    isa = dp_dense_isa(isa);
     return isa == DP_ISA_AVX512 ? dp_linear_avx512 : isa == DP_ISA_AVX2 ? dp_linear_avx2
          : isa == DP_ISA_SCALAR ? dp_linear_scalar : NULL;
 }

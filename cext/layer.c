@@ -31,6 +31,7 @@ typedef struct { dp_linear_fn linear; dp_silu_mul_fn silu_mul; } isa_fns;
 
 static int pick(int isa, isa_fns *f) {
     f->linear = dp_linear_for(isa);
+    isa = dp_dense_isa(isa);
     f->silu_mul = isa == DP_ISA_AVX512 ? dp_silu_mul_avx512 : isa == DP_ISA_AVX2
                 ? dp_silu_mul_avx2 : dp_silu_mul_scalar;
     return f->linear ? 0 : -1;

@@ -33,6 +33,7 @@ class Plant:
     tests: tuple[str, ...]
 
 
+ATTN_TEST = "tests/kernels/test_paged_attention.py::"
 CHUNK_TEST = ("tests/kernels/test_native_stages.py::"
               "test_prefill_chunks_take_the_gemm_stages_and_match_torch")
 
@@ -596,6 +597,39 @@ PLANTS = [
           "                    s + t, BS, g0 == 0, nxt);",
           ("tests/kernels/test_paged_attention.py::"
            "test_few_sequences_split_into_segments_and_head_ranges",)),
+    Plant("bf16-dot-reads-past-the-end", "the bf16 dot-product PV reads the row after an odd "
+          "last token instead of zeros", "cext/attention_avx512bf16.c",
+          "            const __m512i r1 = t + 1 < n ? _mm512_loadu_si512(vt + row + c * BF_CH * 2)"
+          "\n                                         : _mm512_setzero_si512();",
+          "            const __m512i r1 = _mm512_loadu_si512(vt + row + c * BF_CH * 2);",
+          (ATTN_TEST + "test_slots_past_a_sequence_are_never_read",)),
+    Plant("bf16-dot-unscaled", "the bf16 dot-product QK leaves the scores unscaled",
+          "cext/attention_avx512bf16.c",
+          "    vstore_scores(flat, TT, G, scale, s, BS);",
+          "    vstore_scores(flat, TT, G, 1.f, s, BS);",
+          (ATTN_TEST + "test_bf16_within_its_rounding_bound",)),
+    Plant("bf16-dot-pv-order-kept", "the bf16 dot-product item returns its accumulators in "
+          "the unpack's lane order", "cext/attention_avx512bf16.c",
+          "        vstoreu(acc + i, _mm512_permutex2var_ps(x, lo_idx, y));\n"
+          "        vstoreu(acc + i + VW, _mm512_permutex2var_ps(x, hi_idx, y));",
+          "        (void)x; (void)y; (void)lo_idx; (void)hi_idx;",
+          (ATTN_TEST + "test_bf16_within_its_rounding_bound",)),
+    Plant("bf16-dot-takes-fp32-queries", "the bf16 dot products also take fp32 queries",
+          "cext/dp_internal.h",
+          "    return q_dtype == DP_BF16 && kv_dtype == DP_BF16 && G >= 2",
+          "    return kv_dtype == DP_BF16 && G >= 2",
+          (ATTN_TEST + "test_fp32_queries_over_bf16_kv_keep_fp32_precision",)),
+    Plant("bf16-dot-never-taken", "the AVX512_BF16 path never takes the bf16 dot products",
+          "cext/dp_internal.h",
+          "    return q_dtype == DP_BF16 && kv_dtype == DP_BF16 && G >= 2",
+          "    return 0 && kv_dtype == DP_BF16 && G >= 2",
+          (ATTN_TEST + "test_bf16_dot_products_where_they_apply",)),
+    Plant("bf16-path-dense-stages-missing", "the AVX512_BF16 path has no dense-stage bodies",
+          "cext/dp_internal.h",
+          "static inline int dp_dense_isa(int isa) { return isa == DP_ISA_AVX512_BF16 ? "
+          "DP_ISA_AVX512 : isa; }",
+          "static inline int dp_dense_isa(int isa) { return isa; }",
+          ("tests/kernels/test_native_stages.py",)),
     Plant("sim-jitter-shifts-the-mean", "a step-time jitter table is not divided by its mean",
           "dualpace/sim/costs.py", "        tables.append((q / q.mean()).round(4).tolist()",
           "        tables.append(q.round(4).tolist()", ("tests/sim/test_jitter.py",)),

@@ -15,7 +15,7 @@ import torch
 from dualpace.kernels._lib import require
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-ISAS = {"scalar": 0, "avx2": 1, "avx512": 2}
+ISAS = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512_bf16": 3}
 _FEAT_AVX2, _FEAT_FMA, _FEAT_F16C, _FEAT_AVX512 = 1, 2, 4, 8
 _FEAT_AVX512_BF16, _FEAT_AMX_BF16 = 16, 32
 
@@ -44,7 +44,7 @@ def cpu_features() -> dict[str, bool]:
 @functools.cache
 def supported_isas() -> list[str]:
     feats = cpu_features()
-    return ["scalar"] + [name for name in ("avx2", "avx512") if feats[name]]
+    return ["scalar"] + [name for name in ("avx2", "avx512", "avx512_bf16") if feats[name]]
 
 
 @functools.cache
@@ -184,6 +184,20 @@ def paged_decode_attention_checked(
             raise MemoryError("paged_decode_attention: out of memory for scratch")
         raise ValueError(f"{name}: {why}")
     return out
+
+
+def attention_uses_bf16_dot(q_dtype: torch.dtype, kv_dtype: torch.dtype, group: int,
+                            head_dim: int, *, isa: str | None = None) -> bool:
+    """Whether ``paged_decode_attention`` on the ISA path ``isa`` (resolved as there) takes
+    bf16 dot products for these dtypes and shape (the AVX512_BF16 path, where they measured
+    faster than the fp32 route: bf16 q and KV, GQA groups of 2 or more, head dims a multiple
+    of 32; cext/attention_avx512bf16.c)."""
+    _, lib = require()
+    if resolve_isa(isa) != "avx512_bf16" or q_dtype not in DTYPE_CODES \
+            or kv_dtype not in DTYPE_CODES:
+        return False
+    return bool(lib.dp_attn_bf16_dot(DTYPE_CODES[q_dtype], DTYPE_CODES[kv_dtype], group,
+                                     head_dim))
 
 
 def kv_append(

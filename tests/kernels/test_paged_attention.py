@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from dualpace.kernels import cpu
 from dualpace.model.attention_ref import paged_decode_attention_ref
 
-ALL_ISAS = ["scalar", "avx2", "avx512"]
+ALL_ISAS = ["scalar", "avx2", "avx512", "avx512_bf16"]
 SUPPORTED = cpu.supported_isas()
 # Max abs error vs the fp32 reference, for outputs of unit scale. fp32 KV: the kernel's
 # polynomial exp and summation order (~1e-6; ~2e-5 with scores of magnitude ~50).
@@ -149,6 +149,67 @@ def test_fp32_queries_over_bf16_kv_keep_fp32_precision(isa, head_dim):
     out = cpu.paged_decode_attention(q, k, v, tables, sl, head_dim**-0.5, isa=isa)
     err = (out.double() - dense_attention(q, k, v, tables, sl, head_dim**-0.5)).abs().max()
     assert err.item() <= 2e-4, err.item()
+
+
+def test_bf16_dot_products_where_they_apply():
+    """The AVX512_BF16 path takes bf16 dot products for bf16 q and KV, groups of 2 or more,
+    head dims a multiple of 32, and the AVX-512 route otherwise (where the dot products
+    measured slower, or cannot keep an fp32 query's precision)."""
+    bf, f32 = torch.bfloat16, torch.float32
+    isa = "avx512_bf16" if "avx512_bf16" in SUPPORTED else None
+    if isa is None:
+        assert not cpu.attention_uses_bf16_dot(bf, bf, 4, 128)
+        pytest.skip(f"this CPU has no avx512_bf16 (has {SUPPORTED})")
+    assert cpu.attention_uses_bf16_dot(bf, bf, 4, 128, isa=isa)
+    assert cpu.attention_uses_bf16_dot(bf, bf, 2, 64, isa=isa)
+    assert cpu.attention_uses_bf16_dot(bf, bf, 20, 96, isa=isa)
+    assert not cpu.attention_uses_bf16_dot(bf, bf, 1, 128, isa=isa)
+    assert not cpu.attention_uses_bf16_dot(bf, bf, 4, 80, isa=isa)
+    assert not cpu.attention_uses_bf16_dot(f32, bf, 4, 128, isa=isa)
+    assert not cpu.attention_uses_bf16_dot(f32, f32, 4, 128, isa=isa)
+    assert not cpu.attention_uses_bf16_dot(bf, bf, 4, 128, isa="avx512")
+
+
+@pytest.mark.parametrize("isa", ISA_PARAMS)
+@pytest.mark.parametrize("group,head_dim,block_size", [
+    (2, 64, 16), (3, 32, 15), (4, 128, 16), (8, 96, 1), (8, 128, 32), (20, 64, 7), (4, 80, 16)])
+def test_bf16_within_its_rounding_bound(isa, group, head_dim, block_size):
+    """bf16 q and KV to the bound the dot-product route is allowed (attention_avx512bf16.c):
+    the output's own rounding to bf16 (2^-8 relative) plus the probabilities' (2^-8 of
+    max|v|); odd lengths and odd block sizes end on half a token pair. Every route must
+    stay within it, whichever it takes."""
+    lens = [1, 2, 3, block_size, 2 * block_size + 1, 157]
+    q, k, v, tables, sl = make_case(group * 100 + head_dim, lens, 2, group, head_dim,
+                                    block_size, torch.bfloat16)
+    scale = head_dim**-0.5
+    out = cpu.paged_decode_attention(q, k, v, tables, sl, scale, isa=isa)
+    oracle = dense_attention(q, k, v, tables, sl, scale)
+    bound = 2.0**-8 * (v.float().abs().max().item() + oracle.abs()) + 1e-5
+    excess = ((out.double() - oracle).abs() - bound).max().item()
+    assert excess <= 0, f"error above the bound by {excess}"
+
+
+@pytest.mark.parametrize("isa", ISA_PARAMS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_slots_past_a_sequence_are_never_read(isa, dtype):
+    """Pool slots past each sequence's length (the rest of its last block, and every block
+    not in a table) hold NaN, as freed or never-written KV may: nothing of them may reach
+    the output, not even as a zero weight's partner in a token pair."""
+    lens = [1, 3, 16 + 5, 45]
+    for group, head_dim, block_size in ((1, 64, 16), (4, 128, 16), (8, 64, 3)):
+        q, k, v, tables, sl = make_case(7 + group, lens, 2, group, head_dim, block_size,
+                                        dtype)
+        live = torch.zeros(k.shape[0], block_size, dtype=torch.bool)
+        for i, n in enumerate(lens):
+            for t in range(n):
+                live[tables[i, t // block_size], t % block_size] = True
+        k_nan, v_nan = k.clone(), v.clone()
+        k_nan.permute(0, 2, 1, 3)[~live] = float("nan")
+        v_nan.permute(0, 2, 1, 3)[~live] = float("nan")
+        out = cpu.paged_decode_attention(q, k_nan, v_nan, tables, sl, head_dim**-0.5, isa=isa)
+        ref = cpu.paged_decode_attention(q, k, v, tables, sl, head_dim**-0.5, isa=isa)
+        assert not out.isnan().any()
+        assert torch.equal(out, ref)
 
 
 def test_forcing_an_isa_by_environment(monkeypatch):

@@ -1,0 +1,251 @@
+/* AVX-512 with AVX512_BF16 (Cooper Lake, Sapphire Rapids and newer, Zen 4 and newer): decode
+ * attention over bf16 q and bf16 KV with the bf16 dot-product instruction (vdpbf16ps: 32
+ * products a zmm, summed in pairs into 16 fp32 lanes). Everything else takes the plain
+ * AVX-512 item (dp_attn_item_avx512bf16 at the end says which).
+ *
+ *   QK: the q and K rows go straight in, no widening (the products are exact in fp32); the
+ *       scale is applied to the reduced scores.
+ *   PV: pairs run along the tokens: two V rows interleaved (unpacklo/hi_epi16) times the
+ *       two tokens' probabilities as a bf16 pair. They are rounded to bf16 as FlashAttention
+ *       rounds P before its PV MMA: at most a relative 2^-8 per weight, which moves the output
+ *       by at most 2^-8 * max|v|, the size of its own rounding to bf16 (the output is q's
+ *       dtype, bf16). l
+ *       sums the fp32 probabilities. The accumulators are in the unpack's lane order per
+ *       32-element chunk ("pv order": unpacklo puts elements 8L + e, e < 4, of 128-bit lane
+ *       L in lane 4L + e of the chunk's first 16 floats, unpackhi elements 8L + 4 + e in the
+ *       same lane of the next 16) and go back to natural order once per item.
+ * Per (token, KV head) at G = 8, D = 128 the fp32 route spends 128 FMAs plus the widening of
+ * every K and V chunk; this one 64 dot products. Measured on a Zen 5 (2 threads, against the
+ * AVX-512 item): G = 8 1.26-1.31x faster, G = 4 1.16-1.2x, G = 2 1.0-1.05x, G = 1 0.9x.
+ * An fp32 q (the serving case: fp32 activations over bf16 KV) would need q and the
+ * probabilities in two bf16 parts each (hi + lo) to keep fp32 precision; twice the dot
+ * products measured 0.97-1.09x at G = 2-8, so it takes the AVX-512 item.
+ * Everything else (the item over a range of KV heads, the online softmax per block, the
+ * prefetch of the next block, m / l / acc per segment for the driver's merge) is as in
+ * attention_body.h. */
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")
+#include "avx512_vec.h"
+#include "attention_simd.h"
+
+#define BF_CH DP_BF16_DOT_CHUNK  /* bf16 elements a chunk: one zmm, one cache line */
+#define BF_QK_GT 4  /* the most heads in one QK tile, as QK_GT */
+#define BF_PV_ACC 16  /* PV accumulators a pass: 2 (lo / hi) per head and chunk */
+
+/* s[g*BS + t] = scale * the lane sum of acc[t][g], t < TT, g < G, TT * G <= 16: one tree,
+ * then each head's TT scores as one masked store (the AVX-512 item's store_scores reads the
+ * sums back from memory one by one, which it measured no slower; here the scale is one more
+ * multiply on the vector). */
+static inline __attribute__((always_inline)) void vstore_scores(
+    const VEC *flat, int TT, int G, float scale, float *s, int BS) {
+    const __m512 r = _mm512_mul_ps(vreduce_many_v(flat, TT * G), _mm512_set1_ps(scale));
+    int idx[16] = {0};
+    for (int g = 0; g < G; g++)
+        for (int t = 0; t < TT; t++) idx[g * TT + t] = t * G + g;
+    const __m512 by_head = _mm512_permutexvar_ps(_mm512_loadu_si512(idx), r);
+    for (int g = 0; g < G; g++)  /* lanes g*TT.. land at s + g*BS */
+        _mm512_mask_storeu_ps(s + g * (BS - TT), (__mmask16)(((1u << TT) - 1u) << (g * TT)),
+                              by_head);
+}
+/* s[g*BS + t] = scale * <q head g, k[t]> for a tile of TT keys and G heads. q is bf16,
+ * chunk-major: chunk c of head g at q[c * qs + g * BF_CH]. */
+static inline __attribute__((always_inline)) void qk_tile_bf(
+    const uint16_t *q, int qs, const char *k, int64_t row, int nch, int G, int TT, float *s,
+    int BS, float scale, int pf, int64_t nxt) {
+    VEC acc[4][BF_QK_GT];
+    for (int t = 0; t < TT; t++)
+        for (int g = 0; g < G; g++) acc[t][g] = vzero();
+    const uint16_t *qc = q;
+    const char *kc = k;
+    for (int c = 0; c < nch; c++, qc += qs, kc += BF_CH * 2) {
+        __m512i kv[4];
+        for (int t = 0; t < TT; t++) {
+            if (pf) prefetch_next(kc + t * row, nxt);
+            kv[t] = _mm512_loadu_si512(kc + t * row);
+        }
+        for (int g = 0; g < G; g++) {
+            const __m512bh qv = (__m512bh)_mm512_loadu_si512(qc + g * BF_CH);
+            for (int t = 0; t < TT; t++)
+                acc[t][g] = _mm512_dpbf16_ps(acc[t][g], qv, (__m512bh)kv[t]);
+        }
+    }
+    VEC flat[4 * BF_QK_GT];
+    for (int t = 0; t < TT; t++)
+        for (int g = 0; g < G; g++) flat[t * G + g] = acc[t][g];
+    vstore_scores(flat, TT, G, scale, s, BS);
+}
+
+static inline __attribute__((always_inline)) void qk_block_bf(
+    const uint16_t *q, const char *k, int64_t row, int n, int nch, int G, float *s, int BS,
+    float scale, int64_t nxt) {
+    for (int g0 = 0; g0 < G; g0 += BF_QK_GT) {
+        const int gn = G - g0 < BF_QK_GT ? G - g0 : BF_QK_GT, TT = QK_TT(gn);
+        const uint16_t *qg = q + g0 * BF_CH;
+        int t = 0;
+        for (; t + TT <= n; t += TT)
+            qk_tile_bf(qg, G * BF_CH, k + t * row, row, nch, gn, TT, s + g0 * BS + t, BS,
+                       scale, g0 == 0, nxt);
+        for (; t < n; t++)
+            qk_tile_bf(qg, G * BF_CH, k + t * row, row, nch, gn, 1, s + g0 * BS + t, BS,
+                       scale, g0 == 0, nxt);
+    }
+}
+
+/* One PV pass over the block's n tokens: heads [g0, g0 + gn), chunks [c0, c0 + DCH).
+ * pb[g * PBS + t]: head g's bf16 probabilities, zero from n on, so that the 32-bit word at
+ * t = 2j is the pair (p[2j], p[2j + 1]). acc[g * D ..] in pv order. */
+static inline __attribute__((always_inline)) void pv_pass_bf(
+    float *acc, const uint16_t *pb, int PBS, const char *v, int64_t row, int n, int D,
+    int g0, int gn, int c0, const int DCH, int64_t nxt) {
+    VEC a[BF_PV_ACC];
+    for (int c = 0; c < DCH; c++)
+        for (int g = 0; g < gn; g++)
+            for (int h = 0; h < 2; h++)
+                a[(c * gn + g) * 2 + h] =
+                    vloadu(acc + (int64_t)(g0 + g) * D + (c0 + c) * BF_CH + h * VW);
+    const char *vt = v + (int64_t)c0 * BF_CH * 2;
+    for (int t = 0; t < n; t += 2, vt += 2 * row) {
+        int32_t w[8];
+        for (int g = 0; g < gn; g++) memcpy(&w[g], pb + (g0 + g) * PBS + t, 4);
+        for (int c = 0; c < DCH; c++) {
+            if (g0 == 0) {  /* as attention_simd.h's pv_pass: the lines this pass reads */
+                prefetch_next(vt + c * BF_CH * 2, nxt);
+                if (t + 1 < n) prefetch_next(vt + row + c * BF_CH * 2, nxt);
+            }
+            const __m512i r0 = _mm512_loadu_si512(vt + c * BF_CH * 2);
+            const __m512i r1 = t + 1 < n ? _mm512_loadu_si512(vt + row + c * BF_CH * 2)
+                                         : _mm512_setzero_si512();
+            const __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(r0, r1);
+            const __m512bh hi = (__m512bh)_mm512_unpackhi_epi16(r0, r1);
+            for (int g = 0; g < gn; g++) {
+                const __m512bh wv = (__m512bh)_mm512_set1_epi32(w[g]);
+                VEC *ag = a + (c * gn + g) * 2;
+                ag[0] = _mm512_dpbf16_ps(ag[0], lo, wv);
+                ag[1] = _mm512_dpbf16_ps(ag[1], hi, wv);
+            }
+        }
+    }
+    for (int c = 0; c < DCH; c++)
+        for (int g = 0; g < gn; g++)
+            for (int h = 0; h < 2; h++)
+                vstoreu(acc + (int64_t)(g0 + g) * D + (c0 + c) * BF_CH + h * VW,
+                        a[(c * gn + g) * 2 + h]);
+}
+
+static inline __attribute__((always_inline)) void pv_block_bf(
+    float *acc, const uint16_t *pb, int PBS, const char *v, int64_t row, int n, int D, int G,
+    int64_t nxt) {
+    const int nch = D / BF_CH;
+    for (int g0 = 0; g0 < G; g0 += 8) {
+        const int gn = G - g0 < 8 ? G - g0 : 8;
+        const int DCH = BF_PV_ACC / 2 / gn;  /* 1 (G = 8) to 8 (G = 1) chunks a pass */
+        int c0 = 0;
+        for (; c0 + DCH <= nch; c0 += DCH)
+            pv_pass_bf(acc, pb, PBS, v, row, n, D, g0, gn, c0, DCH, nxt);
+        switch (nch - c0) {  /* the rest in one pass with as many accumulators as it needs */
+#define DP_PV_REST(r) \
+        case r: \
+            if ((r) < DCH) pv_pass_bf(acc, pb, PBS, v, row, n, D, g0, gn, c0, (r), nxt); \
+            break;
+        DP_PV_REST(1) DP_PV_REST(2) DP_PV_REST(3) DP_PV_REST(4) DP_PV_REST(5) DP_PV_REST(6)
+        DP_PV_REST(7)
+#undef DP_PV_REST
+        default: break;
+        }
+    }
+}
+
+/* x[0..n) as bf16 at out, zeros from n to the next multiple of 16. */
+static inline __attribute__((always_inline)) void to_bf16(const float *x, int n, uint16_t *out) {
+    for (int i = 0; i < n; i += VW) {
+        const __mmask16 live = n - i >= VW ? 0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(live, x + i));
+        _mm256_storeu_si256((__m256i *)(out + i), (__m256i)h);
+    }
+}
+
+/* One block (n rows) of one KV head: QK, the online softmax of the group's G heads (as
+ * attention_body.h's), the probabilities to bf16, PV. */
+static inline __attribute__((always_inline)) void block_head_bf(
+    const char *kp, const char *vp, int n, int D, int BS, const uint16_t *qb, float scale,
+    float *m, float *l, float *acc, float *s, uint16_t *pb, int PBS, int64_t nxt,
+    const int G) {
+    const int64_t row = (int64_t)D * 2;
+    qk_block_bf(qb, kp, row, n, D / BF_CH, G, s, BS, scale, nxt);
+    for (int g = 0; g < G; g++) {
+        float *sg = s + g * BS;
+        const float bm = prim_max(sg, n);
+        const float mn = bm > m[g] ? bm : m[g];
+        if (m[g] != -INFINITY && mn != m[g]) {
+            const float c = expf(m[g] - mn);
+            l[g] *= c;
+            prim_scale(acc + (int64_t)g * D, c, D);
+        }
+        l[g] += prim_exp_sub(sg, n, mn);
+        m[g] = mn;
+        to_bf16(sg, n, pb + g * PBS);  /* zeros from n: an odd last pair's partner */
+    }
+    pv_block_bf(acc, pb, PBS, vp, row, n, D, G, nxt);
+}
+
+/* ws (floats): q (nh * G * D / 2), the scores (G * BS), the probabilities in bf16
+ * (G * PBS / 2, PBS = BS rounded up to 16): within the driver's allotment. */
+static inline __attribute__((always_inline)) void item_bf(
+    const dp_attn_args *a, int b, int h0, int h1, int t0, int t1, float *m, float *l,
+    float *acc, float *ws, const int G) {
+    const int D = a->D, BS = a->BS, Hkv = a->Hkv, nch = D / BF_CH;
+    const int64_t row = (int64_t)D * 2, head_bytes = (int64_t)BS * row;
+    const int nh = h1 - h0, PBS = (BS + VW - 1) / VW * VW;
+    uint16_t *qb = (uint16_t *)ws;             /* [nh][nch][G][32] q, unscaled */
+    float *s = ws + (int64_t)nh * G * D / 2;   /* [G, BS] scores of one block and head */
+    uint16_t *pb = (uint16_t *)(s + G * BS);   /* [G, PBS] the probabilities */
+    const uint16_t *q = (const uint16_t *)a->q + ((int64_t)b * a->Hq + (int64_t)h0 * G) * D;
+    for (int h = 0; h < nh; h++)
+        for (int g = 0; g < G; g++)
+            for (int c = 0; c < nch; c++)
+                memcpy(qb + (((int64_t)h * nch + c) * G + g) * BF_CH,
+                       q + ((int64_t)h * G + g) * D + c * BF_CH, BF_CH * 2);
+    m += h0 * G; l += h0 * G; acc += (int64_t)h0 * G * D;
+    for (int g = 0; g < nh * G; g++) { m[g] = -INFINITY; l[g] = 0.f; }
+    memset(acc, 0, sizeof(float) * (size_t)nh * G * D);
+    const int32_t *bt = a->block_tables + (int64_t)b * a->max_blocks;
+    for (int t = t0; t < t1;) {
+        const int blk = t / BS, off = t % BS;
+        const int n = (BS - off) < (t1 - t) ? (BS - off) : (t1 - t);
+        const int64_t base = ((int64_t)bt[blk] * Hkv + h0) * head_bytes + off * row;
+        const int64_t nxt = t + n < t1 ? ((int64_t)bt[blk + 1] - bt[blk]) * Hkv * head_bytes
+                                       - off * row : 0;
+        for (int h = 0; h < nh; h++) {
+            const int64_t hb = base + h * head_bytes;
+            block_head_bf((const char *)a->k_cache + hb, (const char *)a->v_cache + hb, n, D,
+                          BS, qb + (int64_t)h * G * D, a->scale, m + h * G, l + h * G,
+                          acc + (int64_t)h * G * D, s, pb, PBS, nxt, G);
+        }
+        t += n;
+    }
+    /* the accumulators from pv order back to natural order, a 32-element chunk at a time */
+    const __m512i lo_idx = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21,
+                                             22, 23);
+    const __m512i hi_idx = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28,
+                                             29, 30, 31);
+    for (int64_t i = 0; i < (int64_t)nh * G * D; i += BF_CH) {
+        const __m512 x = vloadu(acc + i), y = vloadu(acc + i + VW);
+        vstoreu(acc + i, _mm512_permutex2var_ps(x, lo_idx, y));
+        vstoreu(acc + i + VW, _mm512_permutex2var_ps(x, hi_idx, y));
+    }
+}
+
+/* The bf16 dot products where dp_bf16_dot_applies; constant group sizes keep the
+ * accumulators in registers. */
+#define DP_CASE(g) case g: item_bf(a, b, h0, h1, t0, t1, m, l, acc, ws, (g)); return;
+void dp_attn_item_avx512bf16(const dp_attn_args *a, int b, int h0, int h1, int t0, int t1,
+                             float *m, float *l, float *acc, float *ws) {
+    if (!dp_bf16_dot_applies(a->q_dtype, a->kv_dtype, a->G, a->D)) {
+        dp_attn_item_avx512(a, b, h0, h1, t0, t1, m, l, acc, ws);
+        return;
+    }
+    switch (a->G) {
+    DP_CASE(2) DP_CASE(4) DP_CASE(8)
+    default: item_bf(a, b, h0, h1, t0, t1, m, l, acc, ws, a->G);
+    }
+}
+#undef DP_CASE
