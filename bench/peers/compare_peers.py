@@ -19,6 +19,13 @@ so concurrent jobs that repeated the single-stream ones cost it one token of pre
 an advantage that DualPace, without a prefix cache, never gets (seen in its log: "selected
 slot by LCP similarity, f_sim_best = 1.000", then "prompt eval time = ... / 1 tokens").
 
+``--rounds N`` (default 3): every server is started once and the peers take turns, phase by
+phase, N times (each round its own trace rows; the order of the peers rotates), so that
+they meet the same state of a shared host. Each phase's figures are the medians over the
+rounds and ``*_vs_this`` the median of the per-round ratios: on this project's 2-core VM
+one server's single-stream speed moved by 25-40% between runs minutes apart, so peers
+measured one after the other compared the box's states, not the servers.
+
 DualPace runs twice: ``dualpace`` with the default core split (with --gpu-device cpu on two
 cores the "GPU" worker gets core 0 and the CPU worker core 1) and ``dualpace-allcores``,
 whose "GPU" worker computes on every core, sharing the last with the CPU worker.
@@ -37,6 +44,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import urllib.request
@@ -158,38 +166,81 @@ def load(url: str, jobs, concurrency: int) -> dict:
     return {k: round(r[k], 4) if isinstance(r[k], float) else r[k] for k in keys}
 
 
-def phase_jobs(args, vocab: int) -> tuple[list, list]:
-    """(concurrent jobs, single-stream jobs): the first --num-requests trace rows, then the
-    next --single-requests, so that no prompt of one phase repeats in the other (see the
-    module docstring: llama-server's prompt cache)."""
+def phase_jobs(args, vocab: int, rounds: int = 1) -> list[tuple[list, list]]:
+    """Per round, (concurrent jobs, single-stream jobs): the next --num-requests trace rows,
+    then the next --single-requests, so that no prompt repeats, in another phase or another
+    round (see the module docstring: llama-server's prompt cache)."""
     n = args.num_requests + args.single_requests
     if os.path.exists(args.trace):
-        rows = loadgen.load_trace(args.trace, n, args.clip_input, args.clip_output, vocab, 0)
+        rows = loadgen.load_trace(args.trace, n * rounds, args.clip_input, args.clip_output,
+                                  vocab, 0)
     else:
-        rows = loadgen.random_jobs(n, args.clip_input // 2, args.clip_output // 2, 0.9, vocab,
-                                   0)
-    return rows[:args.num_requests], rows[args.num_requests:]
+        rows = loadgen.random_jobs(n * rounds, args.clip_input // 2, args.clip_output // 2,
+                                   0.9, vocab, 0)
+    if len(rows) < n * rounds:
+        raise SystemExit(f"compare_peers: {args.trace} has {len(rows)} rows, {rounds} rounds "
+                         f"of {n} jobs need {n * rounds}")
+    blocks = [rows[i * n:(i + 1) * n] for i in range(rounds)]
+    return [(b[:args.num_requests], b[args.num_requests:]) for b in blocks]
 
 
-def run_peer(peer: str, model: Path, jobs, single_jobs, args, checks: dict) -> dict:
-    proc, url = start(peer, model, args)
-    try:
-        if peer == "llama.cpp":
-            from dualpace.tokenizer.tokenizer import Tokenizer
+def check_peer(peer: str, url: str, model: Path, checks: dict) -> list[str]:
+    """llama-server's tokenization against ours (into ``checks``); the greedy texts."""
+    if peer == "llama.cpp":
+        from dualpace.tokenizer.tokenizer import Tokenizer
 
-            ours = Tokenizer(model)
-            mismatches = [t for t in peer_model.AGREEMENT_TEXTS
-                          if ours.encode(t, add_special_tokens=False) != llama_tokenize(url, t)]
-            checks["tokenization_identical_llama_cpp"] = not mismatches
-            checks["tokenization_mismatches"] = mismatches
-        texts = greedy_texts(url)
-        single = load(url, single_jobs, 1)
-        concurrent = load(url, jobs, args.concurrency)
-    finally:
-        stop(proc)
-    print(f"{peer}: single {single['output_throughput']:.1f} tok/s, concurrent "
-          f"{concurrent['output_throughput']:.1f} tok/s", file=sys.stderr)
-    return {"single": single, "concurrent": concurrent, "greedy_texts": texts}
+        ours = Tokenizer(model)
+        mismatches = [t for t in peer_model.AGREEMENT_TEXTS
+                      if ours.encode(t, add_special_tokens=False) != llama_tokenize(url, t)]
+        checks["tokenization_identical_llama_cpp"] = not mismatches
+        checks["tokenization_mismatches"] = mismatches
+    return greedy_texts(url)
+
+
+PHASES = (("single", 1), ("concurrent", None))
+
+
+def run_rounds(urls: dict[str, str], rounds_jobs, concurrency: int) -> dict[str, dict]:
+    """Every phase of every round on every peer, the peers taking turns (their order rotated
+    each round); returns peer -> phase -> the list of per-round results."""
+    out = {p: {phase: [] for phase, _ in PHASES} for p in urls}
+    names = list(urls)
+    for r, (jobs, single_jobs) in enumerate(rounds_jobs):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for phase, conc in PHASES:
+            for peer in order:
+                res = load(urls[peer], single_jobs if conc == 1 else jobs, conc or concurrency)
+                out[peer][phase].append(res)
+                print(f"round {r + 1} {peer}: {phase} {res['output_throughput']:.1f} tok/s",
+                      file=sys.stderr)
+    return out
+
+
+def summarize(per_round: dict[str, dict]) -> dict[str, dict]:
+    """Each phase's figures as the median over the rounds (counts: their sum), the per-round
+    results beside, and
+    for each peer not ours, ``<ours>_vs_this``: the median of the per-round ratios of output
+    throughput (the rounds saw the same jobs and, as near as can be, the same box)."""
+    out = {}
+    for peer, phases in per_round.items():
+        out[peer] = {}
+        for phase, runs in phases.items():
+            med = {k: (round(statistics.median(r[k] for r in runs), 4)
+                       if isinstance(runs[0][k], float) else sum(r[k] for r in runs))
+                   for k in runs[0]}
+            out[peer][phase] = {**med, "rounds": runs}
+    ours = [p for p in per_round if p.startswith("dualpace")]
+    for peer, phases in per_round.items():
+        if peer in ours:
+            continue
+        for phase, runs in phases.items():
+            for name in ours:
+                ratios = [m["output_throughput"] / t["output_throughput"]
+                          for m, t in zip(per_round[name][phase], runs)
+                          if t["output_throughput"]]
+                if ratios:  # e.g. "dualpace-allcores_vs_this": 0.91
+                    out[peer][phase][f"{name}_vs_this"] = round(statistics.median(ratios), 2)
+    return out
 
 
 def table(results: dict, concurrency: int) -> str:
@@ -219,6 +270,8 @@ def main() -> None:
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--single-requests", type=int, default=6)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="phases taken in turn by the peers this many times (medians)")
     ap.add_argument("--clip-input", type=int, default=256)
     ap.add_argument("--clip-output", type=int, default=128)
     ap.add_argument("--max-num-seqs", type=int, default=64)
@@ -231,17 +284,31 @@ def main() -> None:
     model = peer_checkpoint(args.model)
     peer_model.check_tokenizers_agree(model)  # sentencepiece == tokenizer.json, or stop here
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
-    jobs, single_jobs = phase_jobs(args, vocab)
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    rounds_jobs = phase_jobs(args, vocab, args.rounds)
     checks: dict = {"tokenization_identical_sentencepiece_hf": True}
     results: dict = {}
-    for peer in args.peers.split(","):
-        if peer not in PEERS:
-            ap.error(f"unknown peer {peer!r}; choose from {', '.join(PEERS)}")
-        if peer == "llama.cpp" and not args.llama_server.is_file():
-            results[peer] = {"skipped": f"{args.llama_server} not built: run "
-                                        "bash bench/peers/build_llama_server.sh"}
-            continue
-        results[peer] = run_peer(peer, model, jobs, single_jobs, args, checks)
+    procs: list[subprocess.Popen] = []
+    urls: dict[str, str] = {}
+    texts: dict[str, list[str]] = {}
+    try:
+        for peer in args.peers.split(","):
+            if peer not in PEERS:
+                ap.error(f"unknown peer {peer!r}; choose from {', '.join(PEERS)}")
+            if peer == "llama.cpp" and not args.llama_server.is_file():
+                results[peer] = {"skipped": f"{args.llama_server} not built: run "
+                                            "bash bench/peers/build_llama_server.sh"}
+                continue
+            proc, urls[peer] = start(peer, model, args)
+            procs.append(proc)
+            texts[peer] = check_peer(peer, urls[peer], model, checks)
+        per_round = run_rounds(urls, rounds_jobs, args.concurrency)
+    finally:
+        for proc in procs:
+            stop(proc)
+    for peer, r in summarize(per_round).items():
+        results[peer] = {**r, "greedy_texts": texts[peer]}
     ran = {p: r for p, r in results.items() if "greedy_texts" in r}
     ours = {p: r for p, r in ran.items() if p.startswith("dualpace")}
     if ours:
@@ -252,15 +319,9 @@ def main() -> None:
                     a == b for a, b in zip(ref["greedy_texts"], r["greedy_texts"]))
         checks["greedy_reference"] = ref_name
         checks["greedy_prompts"] = len(GREEDY_PROMPTS)
-    for p, r in ran.items():
-        for phase in ("single", "concurrent"):
-            theirs = r[phase]["output_throughput"]
-            for name, mine in ours.items():
-                if p not in ours and theirs:  # e.g. "dualpace-allcores_vs_this": 0.91
-                    r[phase][f"{name}_vs_this"] = round(
-                        mine[phase]["output_throughput"] / theirs, 2)
     print(table(results, args.concurrency), file=sys.stderr)
-    result = {"bench": "compare_peers", "model": str(model), "num_requests": len(jobs),
+    result = {"bench": "compare_peers", "model": str(model),
+              "num_requests": args.num_requests, "rounds": args.rounds,
               "concurrency": args.concurrency, "clip": [args.clip_input, args.clip_output],
               "cores": os.cpu_count(), "checks": checks, "peers": results}
     (Path(args.out) / "peers.json").write_text(json.dumps(result, indent=2))

@@ -134,19 +134,53 @@ def test_floor_rejects_bad_requests(floor_url, body, needle):
 
 
 @pytest.mark.parametrize("from_trace", [True, False])
-def test_the_two_phases_never_replay_a_prompt(tmp_path, from_trace):
-    """llama-server skips the prefill of a prompt a slot has seen (its prompt cache): the
-    single-stream phase takes the trace rows after the concurrent ones, so neither server
-    sees a prompt twice."""
+def test_no_phase_or_round_replays_a_prompt(tmp_path, from_trace):
+    """llama-server skips the prefill of a prompt a slot has seen (its prompt cache): each
+    round takes the next trace rows, and within it the single-stream phase the rows after
+    the concurrent ones, so no server sees a prompt twice."""
     trace = tmp_path / "trace.csv"
     if from_trace:
         trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
-            f"2023-11-16 18:15:{10 + i:02d}.0000000,{40 + i},{5 + i}\n" for i in range(12)))
+            f"2023-11-16 18:15:{10 + i:02d}.0000000,{40 + i},{5 + i}\n" for i in range(24)))
     args = type("A", (), {"trace": str(trace), "num_requests": 8, "single_requests": 3,
                           "clip_input": 256, "clip_output": 128})()
-    concurrent, single = compare_peers.phase_jobs(args, 1000)
-    assert len(concurrent) == 8 and len(single) == 3
-    prompts = [tuple(j.prompt) for j in concurrent + single]
-    assert len(set(prompts)) == len(prompts)
-    if from_trace:  # the trace's rows in order: 8 for the concurrent phase, the next 3 single
-        assert [len(j.prompt) for j in concurrent + single] == [40 + i for i in range(11)]
+    rounds = compare_peers.phase_jobs(args, 1000, rounds=2)
+    assert [(len(c), len(s)) for c, s in rounds] == [(8, 3), (8, 3)]
+    prompts = [tuple(j.prompt) for c, s in rounds for j in c + s]
+    assert len(set(prompts)) == len(prompts) == 22
+    if from_trace:  # the trace's rows in order: per round 8 concurrent, then 3 single
+        assert [len(j.prompt) for c, s in rounds for j in c + s] == [40 + i for i in range(22)]
+        with pytest.raises(SystemExit, match="3 rounds of 11 jobs need 33"):
+            compare_peers.phase_jobs(args, 1000, rounds=3)
+
+
+def test_rounds_alternate_the_peers_and_ratios_are_per_round(monkeypatch):
+    """The peers take turns phase by phase, their order rotating each round; a phase's
+    figure is the median over the rounds and the ratio the median of per-round ratios (not
+    the ratio of medians)."""
+    calls = []
+    speed = {"dualpace": [100.0, 50.0, 90.0], "llama.cpp": [80.0, 40.0, 100.0]}
+
+    def fake_load(url, jobs, concurrency):
+        n = sum(1 for u, _, c in calls if u == url and c == concurrency)
+        calls.append((url, len(jobs), concurrency))
+        t = speed[url][n]
+        return {"completed": len(jobs), "failed": 0, "output_throughput": t * concurrency,
+                "median_ttft_ms": 1000.0 / t}
+
+    monkeypatch.setattr(compare_peers, "load", fake_load)
+    rounds = [([object()] * 4, [object()] * 2)] * 3
+    per_round = compare_peers.run_rounds({"dualpace": "dualpace", "llama.cpp": "llama.cpp"},
+                                         rounds, 8)
+    assert [(u, c) for u, _, c in calls] == [
+        ("dualpace", 1), ("llama.cpp", 1), ("dualpace", 8), ("llama.cpp", 8),
+        ("llama.cpp", 1), ("dualpace", 1), ("llama.cpp", 8), ("dualpace", 8),
+        ("dualpace", 1), ("llama.cpp", 1), ("dualpace", 8), ("llama.cpp", 8)]
+    out = compare_peers.summarize(per_round)
+    single = out["llama.cpp"]["single"]
+    assert single["output_throughput"] == 80.0  # median of 80, 40, 100
+    assert out["dualpace"]["single"]["output_throughput"] == 90.0
+    # per-round ratios 1.25, 1.25, 0.9 -> 1.25 (the ratio of the medians would be 1.125)
+    assert single["dualpace_vs_this"] == 1.25
+    assert single["completed"] == 6 and len(single["rounds"]) == 3
+    assert "dualpace_vs_this" not in out["dualpace"]["single"]
