@@ -76,6 +76,30 @@ int dp_layer_post(const dp_layer_dims *m, const dp_layer_weights *w, const float
 int dp_norm_linear(const float *x, int T, int K, const float *norm, float eps, const void *w,
                    int w_dtype, int N, float *out, float *scratch, int isa, int num_threads);
 
+/* One model's layers over one KV cache, for dp_decode_layers: the layer weights
+ * [n_layers], each layer's K and V cache (HND, kv_dtype), the attention scale. */
+typedef struct {
+    const dp_layer_dims *m;
+    const dp_layer_weights *layers;
+    int n_layers;
+    void **k_caches, **v_caches;
+    int kv_dtype;
+    int64_t num_blocks;
+    int BS;
+    float scale;
+} dp_decode_model;
+
+/* Every layer of a decode step (decode_layers.c): hidden [T, hidden] in place, through each
+ * layer's pre-attention, paged attention over block_tables / seq_lens and post-attention.
+ * scratch: T * (2 * num_heads * head_dim + max(hidden + qkv width, 2 * hidden + 3 *
+ * intermediate)) floats. Threads per layer: own_threads while *peer_busy (NULL: never),
+ * else all_threads. attn_seconds (may be NULL): the time in attention. 0, dp_layer_pre's or
+ * dp_layer_post's codes, or dp_paged_decode_attention's minus 10. */
+int dp_decode_layers(const dp_decode_model *dm, float *hidden, int T, const int64_t *positions,
+                     const int64_t *slots, const int32_t *block_tables, int max_blocks,
+                     const int32_t *seq_lens, float *scratch, const uint32_t *peer_busy,
+                     int own_threads, int all_threads, int isa, double *attn_seconds);
+
 /* The elementwise phases of the stages above alone, for prefill chunks whose projections run
  * as GEMMs elsewhere (model/native_stages.py). out [T, H] = RMSNorm(x [T, H]) * w. */
 int dp_rms_norm_rows(const float *x, int T, int H, const float *w, float eps, float *out,

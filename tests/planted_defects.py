@@ -630,6 +630,23 @@ PLANTS = [
           "DP_ISA_AVX512 : isa; }",
           "static inline int dp_dense_isa(int isa) { return isa; }",
           ("tests/kernels/test_native_stages.py",)),
+    Plant("decode-layers-skips-the-last", "the one-call decode step leaves out the last "
+          "layer", "cext/decode_layers.c", "    for (int l = 0; l < dm->n_layers; l++) {",
+          "    for (int l = 0; l < dm->n_layers - 1; l++) {",
+          ("tests/kernels/test_native_stages.py::"
+           "test_decode_layers_is_the_layer_loop_in_one_call",)),
+    Plant("decode-layers-ignores-the-other-tier", "the one-call decode step takes every core "
+          "while the other tier computes", "cext/decode_layers.c",
+          "    const int nt = peer_busy && __atomic_load_n(peer_busy, __ATOMIC_ACQUIRE)",
+          "    const int nt = 0 && __atomic_load_n(peer_busy, __ATOMIC_ACQUIRE)",
+          ("tests/kernels/test_native_stages.py::"
+           "test_decode_layers_picks_threads_per_layer_from_the_other_tier",)),
+    Plant("gpu-worker-fuses-past-assists", "the GPU worker runs a step's layers in one call "
+          "while Dense Assist calls wait for its stage boundaries",
+          "dualpace/runtime/gpu_worker.py",
+          "        if staging_tables is None and not mig_fences and not self.assist_reachable:",
+          "        if staging_tables is None and not mig_fences:",
+          ("tests/runtime/test_workers_e2e.py::test_neo_pipeline_overlaps_the_gpu_step",)),
     Plant("sim-jitter-shifts-the-mean", "a step-time jitter table is not divided by its mean",
           "dualpace/sim/costs.py", "        tables.append((q / q.mean()).round(4).tolist()",
           "        tables.append(q.round(4).tolist()", ("tests/sim/test_jitter.py",)),

@@ -104,7 +104,7 @@ def _check_tensor(t, name: str, ndim: int, dtypes) -> None:
         raise ValueError(f"{name}: must be contiguous")
 
 
-_ATTN_ERRORS = {
+ATTENTION_ERRORS = {
     -3: ("seq_lens", "every length must be in [1, max_blocks * block_size]"),
     -4: ("block_tables", "a block id in use is outside [0, num_blocks)"),
 }
@@ -179,7 +179,7 @@ def paged_decode_attention_checked(
         B, Hq, Hkv, D, bs, nb, float(scale), isa_code, num_threads(),
     )
     if rc != 0:
-        name, why = _ATTN_ERRORS.get(rc, ("kernel", f"failed with code {rc}"))
+        name, why = ATTENTION_ERRORS.get(rc, ("kernel", f"failed with code {rc}"))
         if rc == -5:
             raise MemoryError("paged_decode_attention: out of memory for scratch")
         raise ValueError(f"{name}: {why}")

@@ -42,6 +42,11 @@ class FutexWord:
             self._ffi.release(self._buf)
             self._buf = self._addr = None
 
+    @property
+    def address(self):
+        """The word as a cffi ``uint32_t *`` (for C code that reads it)."""
+        return self._addr
+
     def load(self) -> int:
         return self._lib.dp_atomic_load(self._addr)
 
@@ -91,6 +96,11 @@ class AtomicU64:
         self._buf = ffi.from_buffer(buffer)
         self._ffi, self._lib = ffi, lib
         self._addr = ffi.cast("uint64_t *", ffi.cast("char *", self._buf) + offset)
+
+    @property
+    def address(self):
+        """The word as a cffi ``uint32_t *`` (for C code that reads it)."""
+        return self._addr
 
     def load(self) -> int:
         return self._lib.dp_atomic_load64(self._addr)

@@ -120,6 +120,11 @@ class NativeStages:
                     self._keep.append(t)
                 setattr(s, field, _ptr(ffi, t, ctype))
             self.layers.append(s)
+        # the same weights again as one array, for dp_decode_layers
+        self.layer_array = ffi.new("dp_layer_weights[]", len(self.layers))
+        for i, lw in enumerate(self.layers):
+            self.layer_array[i] = lw[0]
+        self._decode_models: dict[tuple, object] = {}
         self.final_norm = _f32(weights.final_norm)
         self.lm_head = weights.lm_head.contiguous()
         self._keep += [self.final_norm, self.lm_head]
@@ -240,6 +245,68 @@ class NativeStages:
         if rc:
             raise ValueError(f"dp_layer_post failed with code {rc}")
         return out
+
+    def _decode_model(self, kv, scale: float):
+        """The dp_decode_model of ``kv``'s per-layer caches, built once per set of caches
+        (keyed by their addresses: equal keys point at the same memory)."""
+        k0 = kv.k[0]
+        key = (tuple(t.data_ptr() for t in kv.k), tuple(t.data_ptr() for t in kv.v),
+               tuple(k0.shape), k0.dtype, scale)
+        dm = self._decode_models.get(key)
+        if dm is None:
+            ffi = self.ffi
+            nb, bs = self._cache_dims(k0, kv.v[0])
+            for k, v in zip(kv.k, kv.v):
+                if (k.shape != k0.shape or v.shape != k0.shape or k.dtype != k0.dtype
+                        or v.dtype != k0.dtype or not k.is_contiguous()
+                        or not v.is_contiguous()):
+                    raise ValueError("KV cache: every layer's K and V must be contiguous "
+                                     "caches of one shape and dtype")
+            ks = ffi.new("void *[]", [_ptr(ffi, t, "void *") for t in kv.k])
+            vs = ffi.new("void *[]", [_ptr(ffi, t, "void *") for t in kv.v])
+            dm = ffi.new("dp_decode_model *")
+            dm.m, dm.layers, dm.n_layers = self.dims, self.layer_array, len(self.layers)
+            dm.k_caches, dm.v_caches = ks, vs
+            dm.kv_dtype, dm.num_blocks, dm.BS, dm.scale = _DTYPE_CODES[k0.dtype], nb, bs, scale
+            if len(self._decode_models) >= 8:  # a worker has one or two; tests make many
+                self._decode_models.clear()
+            dm = self._decode_models[key] = (dm, ks, vs)
+        return dm[0]
+
+    def decode_layers(self, hidden: torch.Tensor, batch, kv, scale: float,
+                      threads: tuple | None = None) -> tuple[torch.Tensor, float]:
+        """Every layer of a decode step in one call (cext/decode_layers.c): hidden [T, H]
+        after the last layer, and the seconds spent in attention. ``threads``: (the other
+        tier's busy word, this worker's share, every core) of runtime/thread_share.py, the
+        count re-picked per layer; None: this process's thread count throughout."""
+        cfg, ffi = self.cfg, self.ffi
+        T = hidden.shape[0]
+        hidden = hidden.contiguous().clone()
+        bt, sl = batch.block_tables.contiguous(), batch.seq_lens.contiguous()
+        if bt.dtype != torch.int32 or sl.dtype != torch.int32 or bt.shape[0] != T:
+            raise ValueError("decode_layers: a decode batch's int32 block tables and lengths")
+        qn = cfg.num_heads * cfg.head_dim
+        work = max(cfg.hidden_size + cfg.q_size + 2 * cfg.kv_size,
+                   2 * cfg.hidden_size + 3 * cfg.intermediate_size)
+        scratch = self._scratch_for(T * (2 * qn + work))
+        n = cpu_kernels.num_threads()
+        peer, own, total = threads if threads is not None else (ffi.NULL, n, n)
+        seconds = ffi.new("double *")
+        rc = self.lib.dp_decode_layers(
+            self._decode_model(kv, scale), _ptr(ffi, hidden), T,
+            _ptr(ffi, batch.positions.contiguous(), "int64_t *"),
+            _ptr(ffi, batch.slot_mapping.contiguous(), "int64_t *"),
+            _ptr(ffi, bt, "int32_t *"), bt.shape[1], _ptr(ffi, sl, "int32_t *"),
+            _ptr(ffi, scratch), peer, own, total, _isa_code(), seconds)
+        if rc:
+            if rc == -15:
+                raise MemoryError("decode_layers: out of memory for attention scratch")
+            if rc <= -10:
+                name, why = cpu_kernels.ATTENTION_ERRORS.get(
+                    rc + 10, ("kernel", f"attention failed with code {rc + 10}"))
+                raise ValueError(f"{name}: {why}")
+            raise ValueError(_ERRORS.get(rc, f"dp_decode_layers failed with code {rc}"))
+        return hidden, seconds[0]
 
     def final(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """Final RMSNorm + LM head -> fp32 logits [T, V]."""

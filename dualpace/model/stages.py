@@ -133,6 +133,9 @@ class StagedModel:
         # Called before each layer's attention (runtime/thread_share.py re-picks the thread
         # count there when two workers share the cores).
         self.layer_hook: Callable[[], object] | None = None
+        # (the other tier's busy word, own share, every core) for the thread count that
+        # decode_layers re-picks per layer in C, where layer_hook cannot run
+        self.native_threads: tuple | None = None
         self.linear = default_linear(self.device, self.dtype)
         self.all_reduce = all_reduce or (lambda t: t)
         # Decode-sized batches on CPU run each dense stage as one C call (native_stages.py);
@@ -223,6 +226,21 @@ class StagedModel:
         return self.linear(x, self.w.lm_head, None).float()
 
     # --- compositions --------------------------------------------------------------------
+    def decode_layers(self, hidden: torch.Tensor, batch: ForwardBatch, kv
+                      ) -> tuple[torch.Tensor, float] | None:
+        """Every layer of a decode step as one native call (native_stages.py): (hidden after
+        the last layer, seconds in attention), or None where that call does not apply (no
+        native stages, a prefill or a batch above NATIVE_MAX_ROWS, an attention other than
+        the C kernel): the caller then runs ``layer`` by layer. Counts the attention calls
+        as ``attention`` does."""
+        fn = self.decode_attention
+        if (self.native is None or fn != self.native.decode_attention or not batch.is_decode
+                or hidden.shape[0] > NATIVE_MAX_ROWS):
+            return None
+        key = fn.__module__
+        self.attention_calls[key] = self.attention_calls.get(key, 0) + self.cfg.num_layers
+        return self.native.decode_layers(hidden, batch, kv, self.scale, self.native_threads)
+
     def layer(self, i: int, hidden: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         q = self.pre_attention(i, hidden, batch, kv)
         return self.post_attention(i, hidden, self.attention(i, q, batch, kv))
@@ -231,6 +249,10 @@ class StagedModel:
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Whole forward: logits [B, V] for the last row of every sequence."""
         hidden = self.pre_layer(batch.input_ids)
-        for i in range(self.cfg.num_layers):
-            hidden = self.layer(i, hidden, batch, kv)
+        fused = self.decode_layers(hidden, batch, kv)
+        if fused is not None:
+            hidden = fused[0]
+        else:
+            for i in range(self.cfg.num_layers):
+                hidden = self.layer(i, hidden, batch, kv)
         return self.post_layer(hidden[batch.logits_indices])

@@ -96,7 +96,12 @@ class CpuWorker:
         hidden = m.pre_layer(fb.input_ids)
         tokens, lps = None, []
         attn_s = 0.0
-        for i in range(n):
+        # Full-CPU and Split-Final run every layer here: one native call where it applies
+        # (StagedModel.decode_layers); Fused-Assist hands each layer's post-attention over
+        fused = m.decode_layers(hidden, fb, self.kv) if route != FUSED_ASSIST else None
+        if fused is not None:
+            hidden, attn_s = fused
+        for i in range(0 if fused is None else n, n):
             q = m.pre_attention(i, hidden, fb, self.kv)
             ta = time.perf_counter()
             attn = m.attention(i, q, fb, self.kv)

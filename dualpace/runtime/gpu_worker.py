@@ -405,6 +405,12 @@ class GpuWorker:
     def _eager(self, fb, kv, staging_tables, seqs, mig_fences) -> torch.Tensor:
         m = self.model
         hidden = m.pre_layer(fb.input_ids)
+        if staging_tables is None and not mig_fences and not self.assist_reachable:
+            # no boundary to serve and no swap to wait for between layers: one native call
+            # for all of them where it applies (StagedModel.decode_layers)
+            fused = m.decode_layers(hidden, fb, kv)
+            if fused is not None:
+                return fused[0]
         self.boundary()
         fences = []  # staging only: fences[i] covers layer i's copies out of its buffer
         for i in range(m.cfg.num_layers):

@@ -49,6 +49,11 @@ class ThreadShare:
             self.switches += 1
         return n
 
+    def native_args(self) -> tuple:
+        """(the other tier's word, own, total): what ``check`` decides from, for the native
+        decode step (StagedModel.decode_layers), which re-picks per layer in C."""
+        return self.peer.address, self.own, self.total
+
     def begin(self) -> int:
         self.mine.store(1)
         return self.check()

@@ -99,6 +99,7 @@ class WorkerProcess:
             mine, peer = occupancy_words(seg["occupancy"].buf, spec.kind)
             self.threads = ThreadShare(len(spec.cores), len(spec.all_cores), mine, peer)
             self.worker.model.layer_hook = self.threads.check
+            self.worker.model.native_threads = self.threads.native_args()
 
     def _all_reduce(self, device: torch.device):
         """The tensor-parallel group's sum (torch.distributed: NCCL on CUDA, else Gloo)."""

@@ -213,3 +213,88 @@ def test_decode_attention_matches_the_validating_kernel(models, isa, kv_dtype):
     with pytest.raises(ValueError, match="seq_lens"):
         native.native.decode_attention(q, kv.k[0], kv.v[0], tables,
                                        torch.tensor([40, 3, 65], dtype=torch.int32), 0.3)
+
+
+def _decode_batch(cfg, lens, bs=16, seed=0):
+    """A decode step of len(lens) sequences at the given context lengths (this step's token
+    included), each over its own shuffled blocks."""
+    from dualpace.model.batch import SeqChunk, build_forward_batch
+
+    g = torch.Generator().manual_seed(seed)
+    per = [-(-n // bs) for n in lens]
+    perm = torch.randperm(sum(per), generator=g).tolist()
+    chunks, at = [], 0
+    for n, nb in zip(lens, per):
+        tok = int(torch.randint(0, cfg.vocab_size, (1,), generator=g))
+        chunks.append(SeqChunk([tok], n - 1, perm[at:at + nb]))
+        at += nb
+    return build_forward_batch(chunks, bs), sum(per)
+
+
+def _filled_kv(cfg, dtype, blocks, seed=1):
+    kv = _kv(cfg, dtype, blocks=blocks)
+    g = torch.Generator().manual_seed(seed)
+    for t in kv.k + kv.v:
+        t.copy_(torch.randn(t.shape, generator=g))
+    return kv
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_decode_layers_is_the_layer_loop_in_one_call(models, isa, kv_dtype):
+    """StagedModel.decode_layers (every layer in one C call) computes what ``layer`` by layer
+    computes, bit for bit (the same C stages in the same order), writes the same KV, counts
+    the attention calls, and gives the time it spent in attention."""
+    cfg, native, _ = models
+    fb, blocks = _decode_batch(cfg, [1, 17, 40, 33])
+    kv_a, kv_b = _filled_kv(cfg, kv_dtype, blocks), _filled_kv(cfg, kv_dtype, blocks)
+    hidden = native.pre_layer(fb.input_ids)
+    want = hidden
+    for i in range(cfg.num_layers):
+        want = native.layer(i, want, fb, kv_a)
+    before = dict(native.attention_calls)
+    got, attn_s = native.decode_layers(hidden, fb, kv_b)
+    assert torch.equal(got, want)
+    assert all(torch.equal(a, b) for a, b in zip(kv_a.k + kv_a.v, kv_b.k + kv_b.v))
+    key = native.decode_attention.__module__
+    assert native.attention_calls[key] - before.get(key, 0) == cfg.num_layers
+    assert attn_s > 0
+    assert native.decode_layers(hidden, fb, kv_b) is not None  # a second call, cached model
+
+
+def test_decode_layers_declines_what_it_cannot_run(models):
+    cfg, native, plain = models
+    fb, blocks = _decode_batch(cfg, [5])
+    kv = _filled_kv(cfg, torch.float32, blocks)
+    hidden = native.pre_layer(fb.input_ids)
+    assert plain.decode_layers(hidden, fb, kv) is None  # no native stages
+    from dualpace.model.batch import SeqChunk, build_forward_batch
+
+    prefill = build_forward_batch([SeqChunk([1, 2, 3], 0, [0])], 16)
+    assert native.decode_layers(native.pre_layer(prefill.input_ids), prefill, kv) is None
+
+
+def test_decode_layers_picks_threads_per_layer_from_the_other_tier(models, monkeypatch):
+    """With the other tier busy the step runs on this worker's own share, else on every core
+    (runtime/thread_share.py's rule, read in C each layer). The attention's KV split follows
+    the thread count (2 segments a sequence at 1 thread, 4 at 3), so the output tells which
+    count ran."""
+    cfg, native, _ = models
+    fb, blocks = _decode_batch(cfg, [500, 480], seed=4)
+    kv = _filled_kv(cfg, torch.float32, blocks)
+    hidden = native.pre_layer(fb.input_ids)
+    word = bytearray(4)
+    from dualpace.kernels.futex import FutexWord
+
+    peer = FutexWord(word)
+    runs = {}
+    for threads in (1, 3):
+        monkeypatch.setattr(cpu_kernels, "_threads_override", threads)
+        runs[threads] = native.native.decode_layers(hidden, fb, kv, native.scale)[0]
+    assert not torch.equal(runs[1], runs[3])  # the split showed
+    monkeypatch.setattr(cpu_kernels, "_threads_override", 2)
+    peer.store(1)
+    busy = native.native.decode_layers(hidden, fb, kv, native.scale, (peer.address, 1, 3))[0]
+    peer.store(0)
+    idle = native.native.decode_layers(hidden, fb, kv, native.scale, (peer.address, 1, 3))[0]
+    assert torch.equal(busy, runs[1]) and torch.equal(idle, runs[3])
+    peer.close()

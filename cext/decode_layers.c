@@ -1,0 +1,42 @@
+/* Every layer of a decode step as one call: per layer the three calls a Python layer makes
+ * (dp_layer_pre, the paged attention, dp_layer_post), none of the Python between them. At
+ * batch 1 on the llama.cpp comparison model (8 layers, 167 MB of fp32 weights a step) that
+ * Python, its wrappers and the waits of the other thread while it ran were about a quarter
+ * of a step's samples. Taken where no stage boundary is needed inside the step: the GPU
+ * worker's decode steps when no Dense Assist route is reachable and no migration waits on a
+ * layer, the CPU worker's Full-CPU route (§4.2). The thread count is chosen per layer as
+ * runtime/thread_share.py chooses it: the worker's own share while the other tier is in a
+ * step (*peer_busy != 0), every core otherwise. */
+#include <omp.h>
+#include "dp_internal.h"
+
+int dp_decode_layers(const dp_decode_model *dm, float *hidden, int T, const int64_t *positions,
+                     const int64_t *slots, const int32_t *block_tables, int max_blocks,
+                     const int32_t *seq_lens, float *scratch, const uint32_t *peer_busy,
+                     int own_threads, int all_threads, int isa, double *attn_seconds) {
+    const dp_layer_dims *m = dm->m;
+    const int Hq = m->num_heads, Hkv = m->num_kv_heads, D = m->head_dim;
+    if (T <= 0 || dm->n_layers <= 0 || own_threads <= 0 || all_threads < own_threads)
+        return -2;
+    float *q = scratch, *attn = q + (int64_t)T * Hq * D, *work = attn + (int64_t)T * Hq * D;
+    double t_attn = 0;
+    for (int l = 0; l < dm->n_layers; l++) {
+        const int nt = peer_busy && __atomic_load_n(peer_busy, __ATOMIC_ACQUIRE)
+                     ? own_threads : all_threads;
+        int rc = dp_layer_pre(m, &dm->layers[l], hidden, T, positions, slots, dm->k_caches[l],
+                              dm->v_caches[l], dm->kv_dtype, dm->num_blocks, dm->BS, q, work,
+                              isa, nt);
+        if (rc) return rc;
+        const double t0 = omp_get_wtime();
+        rc = dp_paged_decode_attention(q, DP_F32, dm->k_caches[l], dm->v_caches[l],
+                                       dm->kv_dtype, block_tables, max_blocks, seq_lens, attn,
+                                       T, Hq, Hkv, D, dm->BS, (int)dm->num_blocks, dm->scale,
+                                       isa, nt);
+        t_attn += omp_get_wtime() - t0;
+        if (rc) return rc - 10;
+        rc = dp_layer_post(m, &dm->layers[l], hidden, attn, T, hidden, work, isa, nt);
+        if (rc) return rc;
+    }
+    if (attn_seconds) *attn_seconds = t_attn;
+    return 0;
+}
