@@ -270,14 +270,24 @@ class LLMEngine:
         involved += [f for row in rows for f in row.forks]
         for r in involved:
             r.in_flight = "gpu"
-        coros = [self.workers.gpu.step(batch)]
         cpu_reqs = cpu_batch or []
-        if cpu_reqs:
-            coros.append(self._cpu_step(cpu_reqs, route=self.state.policy.forced_route,
-                                        split=split))
         t0 = self.clock()
         snap = self._overlap.begin("gpu")
-        results = await asyncio.gather(*coros, return_exceptions=True)
+        if cpu_reqs:
+            results = await asyncio.gather(
+                self.workers.gpu.step(batch),
+                self._cpu_step(cpu_reqs, route=self.state.policy.forced_route, split=split),
+                return_exceptions=True)
+        else:
+            # Awaited here, not in a task that gather makes: this loop resumes in the
+            # callback that completes the step, not a loop turn or two later behind work
+            # queued meanwhile (the streams' deliveries) while the worker sits idle.
+            # Measured: the worker's idle gap between single-stream steps 0.40-0.54 ->
+            # 0.28-0.34 ms (Zen 5, 2 cores, the llama.cpp comparison model).
+            try:
+                results = [await self.workers.gpu.step(batch)]
+            except Exception as e:  # as gather's return_exceptions
+                results = [e]
         beside, overlap = self._overlap.end("gpu", snap)
         done = results[0]
         if isinstance(done, BaseException):
