@@ -15,8 +15,10 @@
  *       L in lane 4L + e of the chunk's first 16 floats, unpackhi elements 8L + 4 + e in the
  *       same lane of the next 16) and go back to natural order once per item.
  * Per (token, KV head) at G = 8, D = 128 the fp32 route spends 128 FMAs plus the widening of
- * every K and V chunk; this one 64 dot products. Measured on a Zen 5 (2 threads, against the
- * AVX-512 item): G = 8 1.26-1.31x faster, G = 4 1.16-1.2x, G = 2 1.0-1.05x, G = 1 0.9x.
+ * every K and V chunk; this one 64 dot products. Measured on a Zen 5 from DRAM (32 x 1k
+ * tokens, 2 threads, against the AVX-512 item, head dims 64/96/128 x blocks 16/64, two
+ * runs): G = 8 1.12-1.31x (one 0.97), G = 4 0.89-1.17x, G = 2 0.90-1.10x, G = 1 0.9x; so it
+ * takes groups of 8 or more, where the FMA route is compute-bound.
  * An fp32 q (the serving case: fp32 activations over bf16 KV) would need q and the
  * probabilities in two bf16 parts each (hi + lo) to keep fp32 precision; twice the dot
  * products measured 0.97-1.09x at G = 2-8, so it takes the AVX-512 item.
@@ -244,7 +246,7 @@ void dp_attn_item_avx512bf16(const dp_attn_args *a, int b, int h0, int h1, int t
         return;
     }
     switch (a->G) {
-    DP_CASE(2) DP_CASE(4) DP_CASE(8)
+    DP_CASE(8)
     default: item_bf(a, b, h0, h1, t0, t1, m, l, acc, ws, a->G);
     }
 }

@@ -30,10 +30,11 @@ void dp_attn_item_avx512bf16(const dp_attn_args *, int, int, int, int, int, floa
                              float *, float *);
 
 /* Where the AVX512_BF16 item takes bf16 dot products (attention_avx512bf16.c, where they
- * measured faster): bf16 q and KV, G >= 2, whole 32-element chunks of the head dim. */
+ * measured faster): bf16 q and KV, GQA groups of 8 or more, whole 32-element chunks of the
+ * head dim. */
 #define DP_BF16_DOT_CHUNK 32
 static inline int dp_bf16_dot_applies(int q_dtype, int kv_dtype, int G, int D) {
-    return q_dtype == DP_BF16 && kv_dtype == DP_BF16 && G >= 2 && D % DP_BF16_DOT_CHUNK == 0;
+    return q_dtype == DP_BF16 && kv_dtype == DP_BF16 && G >= 8 && D % DP_BF16_DOT_CHUNK == 0;
 }
 
 /* The ISA whose bodies run the dense stages on a path: their activations are fp32, which

@@ -190,7 +190,7 @@ def attention_uses_bf16_dot(q_dtype: torch.dtype, kv_dtype: torch.dtype, group: 
                             head_dim: int, *, isa: str | None = None) -> bool:
     """Whether ``paged_decode_attention`` on the ISA path ``isa`` (resolved as there) takes
     bf16 dot products for these dtypes and shape (the AVX512_BF16 path, where they measured
-    faster than the fp32 route: bf16 q and KV, GQA groups of 2 or more, head dims a multiple
+    faster than the fp32 route: bf16 q and KV, GQA groups of 8 or more, head dims a multiple
     of 32; cext/attention_avx512bf16.c)."""
     _, lib = require()
     if resolve_isa(isa) != "avx512_bf16" or q_dtype not in DTYPE_CODES \

@@ -144,35 +144,38 @@ def test_fp32_queries_over_bf16_kv_keep_fp32_precision(isa, head_dim):
     """The serving case (fp32 activations, bf16 KV) to a bound 80x tighter than the bf16
     tests': the KV's rounding is in the oracle too, so what remains is the kernel's."""
     lens = [1, 37, 300, 16 * 20]
-    q, k, v, tables, sl = make_case(head_dim, lens, 2, 4, head_dim, 16, torch.bfloat16)
-    q = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)) * 3  # sharp scores
-    out = cpu.paged_decode_attention(q, k, v, tables, sl, head_dim**-0.5, isa=isa)
-    err = (out.double() - dense_attention(q, k, v, tables, sl, head_dim**-0.5)).abs().max()
-    assert err.item() <= 2e-4, err.item()
+    for group in (4, 8):  # 8: a group the bf16 dot products take for bf16 queries
+        q, k, v, tables, sl = make_case(head_dim, lens, 2, group, head_dim, 16, torch.bfloat16)
+        q = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)) * 3  # sharp
+        out = cpu.paged_decode_attention(q, k, v, tables, sl, head_dim**-0.5, isa=isa)
+        err = (out.double() - dense_attention(q, k, v, tables, sl, head_dim**-0.5)).abs().max()
+        assert err.item() <= 2e-4, (group, err.item())
 
 
 def test_bf16_dot_products_where_they_apply():
-    """The AVX512_BF16 path takes bf16 dot products for bf16 q and KV, groups of 2 or more,
+    """The AVX512_BF16 path takes bf16 dot products for bf16 q and KV, groups of 8 or more,
     head dims a multiple of 32, and the AVX-512 route otherwise (where the dot products
-    measured slower, or cannot keep an fp32 query's precision)."""
+    measured no faster, or cannot keep an fp32 query's precision)."""
     bf, f32 = torch.bfloat16, torch.float32
     isa = "avx512_bf16" if "avx512_bf16" in SUPPORTED else None
     if isa is None:
         assert not cpu.attention_uses_bf16_dot(bf, bf, 4, 128)
         pytest.skip(f"this CPU has no avx512_bf16 (has {SUPPORTED})")
-    assert cpu.attention_uses_bf16_dot(bf, bf, 4, 128, isa=isa)
-    assert cpu.attention_uses_bf16_dot(bf, bf, 2, 64, isa=isa)
+    assert cpu.attention_uses_bf16_dot(bf, bf, 8, 128, isa=isa)
+    assert cpu.attention_uses_bf16_dot(bf, bf, 8, 64, isa=isa)
     assert cpu.attention_uses_bf16_dot(bf, bf, 20, 96, isa=isa)
+    assert not cpu.attention_uses_bf16_dot(bf, bf, 4, 128, isa=isa)
     assert not cpu.attention_uses_bf16_dot(bf, bf, 1, 128, isa=isa)
-    assert not cpu.attention_uses_bf16_dot(bf, bf, 4, 80, isa=isa)
-    assert not cpu.attention_uses_bf16_dot(f32, bf, 4, 128, isa=isa)
-    assert not cpu.attention_uses_bf16_dot(f32, f32, 4, 128, isa=isa)
-    assert not cpu.attention_uses_bf16_dot(bf, bf, 4, 128, isa="avx512")
+    assert not cpu.attention_uses_bf16_dot(bf, bf, 8, 80, isa=isa)
+    assert not cpu.attention_uses_bf16_dot(f32, bf, 8, 128, isa=isa)
+    assert not cpu.attention_uses_bf16_dot(f32, f32, 8, 128, isa=isa)
+    assert not cpu.attention_uses_bf16_dot(bf, bf, 8, 128, isa="avx512")
 
 
 @pytest.mark.parametrize("isa", ISA_PARAMS)
 @pytest.mark.parametrize("group,head_dim,block_size", [
-    (2, 64, 16), (3, 32, 15), (4, 128, 16), (8, 96, 1), (8, 128, 32), (20, 64, 7), (4, 80, 16)])
+    (2, 64, 16), (4, 128, 16), (8, 96, 1), (8, 128, 32), (8, 64, 15), (9, 32, 3), (20, 64, 7),
+    (8, 80, 16)])
 def test_bf16_within_its_rounding_bound(isa, group, head_dim, block_size):
     """bf16 q and KV to the bound the dot-product route is allowed (attention_avx512bf16.c):
     the output's own rounding to bf16 (2^-8 relative) plus the probabilities' (2^-8 of
