@@ -207,15 +207,11 @@ static inline __attribute__((always_inline)) void item_bf(
                 memcpy(qb + (((int64_t)h * nch + c) * G + g) * BF_CH,
                        q + ((int64_t)h * G + g) * D + c * BF_CH, BF_CH * 2);
     m += h0 * G; l += h0 * G; acc += (int64_t)h0 * G * D;
-    for (int g = 0; g < nh * G; g++) { m[g] = -INFINITY; l[g] = 0.f; }
-    memset(acc, 0, sizeof(float) * (size_t)nh * G * D);
+    dp_item_reset(m, l, acc, nh * G, D);
     const int32_t *bt = a->block_tables + (int64_t)b * a->max_blocks;
     for (int t = t0; t < t1;) {
-        const int blk = t / BS, off = t % BS;
-        const int n = (BS - off) < (t1 - t) ? (BS - off) : (t1 - t);
-        const int64_t base = ((int64_t)bt[blk] * Hkv + h0) * head_bytes + off * row;
-        const int64_t nxt = t + n < t1 ? ((int64_t)bt[blk + 1] - bt[blk]) * Hkv * head_bytes
-                                       - off * row : 0;
+        int64_t base, nxt;
+        const int n = dp_item_block(bt, t, t1, BS, Hkv, h0, head_bytes, row, &base, &nxt);
         for (int h = 0; h < nh; h++) {
             const int64_t hb = base + h * head_bytes;
             block_head_bf((const char *)a->k_cache + hb, (const char *)a->v_cache + hb, n, D,

@@ -1,6 +1,7 @@
 /* Shared between the ISA-specific attention translation units. */
 #ifndef DP_INTERNAL_H
 #define DP_INTERNAL_H
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #include "dp_cext.h"
@@ -28,6 +29,25 @@ void dp_attn_item_avx512(const dp_attn_args *, int, int, int, int, int, float *,
                          float *, float *);
 void dp_attn_item_avx512bf16(const dp_attn_args *, int, int, int, int, int, float *, float *,
                              float *, float *);
+
+/* An attention item's walk over its tokens [t, t1), block by block: the rows n of the block
+ * holding token t, the byte offset of KV head h0's first of them in the caches (*base), and
+ * the distance from them to the same rows of the next block (*nxt, 0 at the end of the
+ * range: the prefetches then touch lines already read). */
+static inline int dp_item_block(const int32_t *bt, int t, int t1, int BS, int Hkv, int h0,
+                                int64_t head_bytes, int64_t row, int64_t *base, int64_t *nxt) {
+    const int blk = t / BS, off = t % BS;
+    const int n = (BS - off) < (t1 - t) ? (BS - off) : (t1 - t);
+    *base = ((int64_t)bt[blk] * Hkv + h0) * head_bytes + off * row;
+    *nxt = t + n < t1 ? ((int64_t)bt[blk + 1] - bt[blk]) * Hkv * head_bytes - off * row : 0;
+    return n;
+}
+/* An item's online-softmax state for its heads' n query rows, empty: m = -inf, l = 0,
+ * acc = 0 (D floats a row). */
+static inline void dp_item_reset(float *m, float *l, float *acc, int n, int D) {
+    for (int g = 0; g < n; g++) { m[g] = -INFINITY; l[g] = 0.f; }
+    memset(acc, 0, sizeof(float) * (size_t)n * D);
+}
 
 /* Where the AVX512_BF16 item takes bf16 dot products (attention_avx512bf16.c, where they
  * measured faster): bf16 q and KV, GQA groups of 8 or more, whole 32-element chunks of the
