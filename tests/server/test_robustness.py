@@ -188,10 +188,16 @@ def test_sigterm_drains_and_notifies(tiny_model, tmp_path):
     reader.start()
     # A drain long enough for a loaded 2-core machine: the test is that in-flight requests
     # complete (the drain-timeout cut has its own test in test_failures.py).
+    # A 100 ms watchdog, a ping every 50 ms; the first ping is awaited before any request,
+    # because the tiny model's four requests and the drain can end before a first ping.
     s = ServerProcess(tiny_model, "--drain-timeout", "600",
-                      env={"NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "400000"})
+                      env={"NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "100000"})
     assert owned_segments(s.proc.pid), "the server created no segments"
     try:
+        deadline = time.monotonic() + 10
+        while not any("WATCHDOG=1" in m for m in msgs):
+            assert time.monotonic() < deadline, "no watchdog ping within 10 s of READY"
+            time.sleep(0.01)
         results = []
 
         def inflight():
