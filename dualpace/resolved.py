@@ -42,6 +42,7 @@ class ResolvedConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     gpu_memory_utilization: float
     attention_backend: str  # the GPU worker's: "triton" | "flashinfer" | "torch"; not "auto"
     cuda_graphs: bool  # decode steps replay captured graphs (CUDA, triton, not enforce_eager)
+    async_scheduling: bool  # GPU decode steps submitted ahead (engine/lookahead.py)
     max_model_len: int
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -186,7 +187,8 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
         gpu_memory_utilization=config.gpu_memory_utilization,
         attention_backend=backend,
         cuda_graphs=device.startswith("cuda") and backend == "triton" and not config.enforce_eager,
-        max_model_len=max_len, max_num_seqs=config.max_num_seqs,
+        async_scheduling=config.async_scheduling, max_model_len=max_len,
+        max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens, cpu_batch_limit=limit,
         thresholds=thresholds, staging_blocks=staging, gpu_tp=config.gpu_tp,
         cpu_tp=config.cpu_tp, gpu_cores=tuple(gpu_cores), cpu_cores=tuple(cpu_cores),

@@ -25,6 +25,7 @@ import time
 from dualpace.engine.cost_model import GpuWork, NeoCostModel, neo_select
 from dualpace.engine.cpu_round import cpu_round
 from dualpace.engine.gpu_round import GpuPlan, StepRow, gpu_round
+from dualpace.engine.lookahead import commit_lookahead, lookahead_rows
 from dualpace.engine.metrics import Metrics
 from dualpace.engine.outputs import RequestStream, TokenEvent
 from dualpace.engine.policy import Policy
@@ -73,13 +74,17 @@ def context_length_error(max_model_len: int, prompt_len: int, max_tokens: int) -
 class LLMEngine:
     def __init__(self, workers, *, gpu_blocks: int, host_blocks: int, block_size: int,
                  limits: Limits, policy: Policy | str, vocab_size: int, eos_ids: tuple[int, ...],
-                 tokenizer=None, on_round=None, clock=time.monotonic):
-        """``workers`` has ``.gpu`` and ``.cpu`` worker groups (``send``, ``step``) and an
-        ``available`` event: the runtime, or fakes in scheduler tests.
+                 tokenizer=None, on_round=None, clock=time.monotonic,
+                 async_scheduling: bool = False):
+        """``workers`` has ``.gpu`` and ``.cpu`` worker groups (``send``, ``step``; with
+        ``async_scheduling`` also ``submit``, a future of the step's result, steps executed
+        in submission order) and an ``available`` event: the runtime, or fakes in scheduler
+        tests.
         ``on_round(engine, kind, plan)`` is a test hook called after every committed round.
         ``clock`` stamps arrivals, tokens and stalls (tests script it with fake workers)."""
         self.workers = workers
         self.clock = clock
+        self.async_scheduling = async_scheduling  # engine/lookahead.py
         self.state = SchedulerState(BlockPool(gpu_blocks, block_size),
                                     BlockPool(host_blocks, block_size), limits, policy)
         self.block_size = block_size
@@ -260,7 +265,8 @@ class LLMEngine:
     async def _run_gpu(self, plan: GpuPlan, cpu_batch: list[EngineRequest] | None = None,
                        split: int = 0, t_round: float | None = None) -> None:
         """One GPU step; with ``cpu_batch`` (gated) the CPU sub-batches run as NEO's
-        pipeline beside it (``split``: how many of them are sub-batch 0)."""
+        pipeline beside it (``split``: how many of them are sub-batch 0). With async
+        scheduling, decode steps follow it ahead of its result (engine/lookahead.py)."""
         step_id = next(self._steps)
         rows = plan.step_rows()
         batch = self.wire.gpu_batch(step_id, plan, rows)
@@ -278,6 +284,12 @@ class LLMEngine:
                 self.workers.gpu.step(batch),
                 self._cpu_step(cpu_reqs, route=self.state.policy.forced_route, split=split),
                 return_exceptions=True)
+            self._gpu_step_done(plan, rows, batch, involved, results[0], t0, snap, t_round,
+                                carried=len(cpu_reqs))
+            self._apply_cpu(cpu_reqs, results[1])
+            self._log_cpu_step(None)
+        elif self.async_scheduling:
+            await self._run_gpu_ahead(plan, rows, batch, involved, t0, snap, t_round)
         else:
             # Awaited here, not in a task that gather makes: this loop resumes in the
             # callback that completes the step, not a loop turn or two later behind work
@@ -285,27 +297,63 @@ class LLMEngine:
             # Measured: the worker's idle gap between single-stream steps 0.40-0.54 ->
             # 0.28-0.34 ms (Zen 5, 2 cores, the llama.cpp comparison model).
             try:
-                results = [await self.workers.gpu.step(batch)]
+                done = await self.workers.gpu.step(batch)
             except Exception as e:  # as gather's return_exceptions
-                results = [e]
+                done = e
+            self._gpu_step_done(plan, rows, batch, involved, done, t0, snap, t_round)
+        self._wake()
+
+    async def _run_gpu_ahead(self, plan, rows, batch, involved, t0, snap, t_round) -> None:
+        """The step in flight, followed while lookahead_rows allows by decode steps submitted
+        before its predecessor's result is applied: the worker finds the next step queued
+        when it finishes one. A step ahead starts when its predecessor ends (its record's
+        ``step_seconds`` counts from there)."""
+        fut = self.workers.gpu.submit(batch)
+        ahead = self._submit_ahead(plan)
+        while True:
+            try:
+                done = await fut
+            except Exception as e:
+                done = e
+            t_end = self.clock()
+            self._gpu_step_done(plan, rows, batch, involved, done, t0, snap, t_round)
+            if ahead is None:
+                return
+            plan, batch, fut = ahead
+            rows = plan.step_rows()
+            involved = [row.req for row in rows]
+            for r in involved:
+                if not r.finished:
+                    r.in_flight = "gpu"
+            t0, t_round, snap = t_end, None, self._overlap.begin("gpu")
+            ahead = self._submit_ahead(plan) if not isinstance(done, BaseException) else None
+
+    def _submit_ahead(self, in_flight: GpuPlan):
+        """(plan, descriptor, future) of a decode step behind ``in_flight``, or None."""
+        reqs = lookahead_rows(self.state, in_flight)
+        if not reqs or not self.workers.available.is_set():
+            return None
+        plan = commit_lookahead(self.state, reqs)
+        self._after_round("gpu", plan)  # gauges, and the tests' invariant checks
+        batch = self.wire.ahead_batch(next(self._steps), plan)
+        self.metrics.inc("dualpace:async_scheduled_steps_total")
+        return plan, batch, self.workers.gpu.submit(batch)
+
+    def _gpu_step_done(self, plan, rows, batch, involved, done, t0, snap, t_round,
+                       carried: int = 0) -> None:
         beside, overlap = self._overlap.end("gpu", snap)
-        done = results[0]
         if isinstance(done, BaseException):
             self._step_failed(involved, done)
-        else:
-            work = _gpu_work(plan)
-            step = self.clock() - t0
-            self.neo.observe_gpu(work.tokens + len(cpu_reqs), work.context, step)
-            self._apply_gpu(plan, rows, done)
-            if self.on_step is not None:
-                self.on_step({"kind": "gpu", "step_seconds": step, "beside": beside,
-                              "overlap": overlap,
-                              "seconds": self.clock() - (t0 if t_round is None else t_round),
-                              **gpu_step_work(batch, len(cpu_reqs)).as_dict()})
-        if cpu_reqs:
-            self._apply_cpu(cpu_reqs, results[1])
-            self._log_cpu_step(None)
-        self._wake()
+            return
+        work = _gpu_work(plan)
+        step = self.clock() - t0
+        self.neo.observe_gpu(work.tokens + carried, work.context, step)
+        self._apply_gpu(plan, rows, done)
+        if self.on_step is not None:
+            self.on_step({"kind": "gpu", "step_seconds": step, "beside": beside,
+                          "overlap": overlap,
+                          "seconds": self.clock() - (t0 if t_round is None else t_round),
+                          **gpu_step_work(batch, carried).as_dict()})
 
     def _apply_gpu(self, plan: GpuPlan, rows: list[StepRow], done) -> None:
         now = self.clock()
@@ -323,6 +371,9 @@ class LLMEngine:
         for row, token, lp, plp in zip(rows, done.tokens, lps, plps):
             r = row.req
             r.in_flight = None
+            if r.finished:  # meanwhile: with async scheduling, by the step before this one
+                self.metrics.inc("dualpace:async_dropped_tokens_total")
+                continue
             if plp and not r.prompt_logprobs_done:
                 r.prompt_lps.extend(plp[:len(r.prompt) - 1 - len(r.prompt_lps)])
             if row.kind == "prefill":

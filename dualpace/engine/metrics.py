@@ -26,6 +26,12 @@ _HELP = {
     "dualpace:prompt_tokens_total": ("counter", "Prompt tokens prefilled."),
     "dualpace:dense_assist_calls_total": ("counter", "Dense Assist calls, per route."),
     "dualpace:kv_migrations_total": ("counter", "KV migrations, per kind."),
+    "dualpace:async_scheduled_steps_total": (
+        "counter", "GPU decode steps submitted before their predecessor's result was "
+        "applied (async scheduling)."),
+    "dualpace:async_dropped_tokens_total": (
+        "counter", "Tokens a step sampled for a request that had finished meanwhile (with "
+        "async scheduling: by a stop token or an abort in the step before), dropped."),
     "dualpace:request_success_total": ("counter", "Finished requests, per finish reason."),
     "dualpace:cpu_tier_longest_stall_seconds": (
         "gauge", "Longest CPU-tier stall since the previous scrape (reset on read), a stall "

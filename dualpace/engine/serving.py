@@ -62,7 +62,8 @@ class ServingEngine:
         self.engine = LLMEngine(rt, gpu_blocks=cfg.gpu_kv_blocks, host_blocks=cfg.host_kv_blocks,
                                 block_size=cfg.block_size, limits=limits,
                                 policy=cfg.policy_object,
-                                vocab_size=mc.vocab_size, eos_ids=eos, tokenizer=self.tokenizer)
+                                vocab_size=mc.vocab_size, eos_ids=eos, tokenizer=self.tokenizer,
+                                async_scheduling=cfg.async_scheduling)
         rt.on_failure(lambda exc: self.engine.fail_all(str(exc)))
         if self.step_log:
             self._step_file = open(self.step_log, "a", buffering=1 << 16)  # noqa: SIM115

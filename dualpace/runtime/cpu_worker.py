@@ -70,10 +70,16 @@ class CpuWorker:
         r = route_for(batch_size, self.p, self.f)
         return FULL_CPU if self.assist is None else r
 
-    @torch.inference_mode()
     def run(self, msg: CpuBatch) -> StepDone:
         if not msg.seqs:  # an empty step: answered at once (ring round-trip probes)
             return StepDone(step_id=msg.step_id)
+        self.requests.resolve_previous(msg.seqs)
+        done = self._run(msg)
+        self.requests.record_sampled(msg.seqs, done.tokens)
+        return done
+
+    @torch.inference_mode()
+    def _run(self, msg: CpuBatch) -> StepDone:
         m = self.model
         if any(len(s.token_ids) != 1 for s in msg.seqs):
             raise ValueError("a CPU batch holds decode rows only (one token per request)")

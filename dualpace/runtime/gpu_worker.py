@@ -305,6 +305,7 @@ class GpuWorker:
             self.requests.set_blocks(m.req_id, m.dst_blocks)
             ready.append(m.req_id)
         self.requests.apply_outputs(msg.seqs)
+        self.requests.resolve_previous(msg.seqs)
         main = [s for s in msg.seqs if not s.host_blocks]
         to_cpu = [s for s in msg.seqs if s.host_blocks]
         tokens: dict[int, tuple] = {}
@@ -325,6 +326,7 @@ class GpuWorker:
         self.gate.drain()  # the step's results were read: its stages are done
         self.steps += 1
         out = [tokens.get(id(s), (-1, None)) for s in msg.seqs]
+        self.requests.record_sampled(msg.seqs, [t for t, _ in out])
         return StepDone(step_id=msg.step_id, tokens=[t for t, _ in out],
                         logprobs=wire_logprobs([lp for _, lp in out]), ready=ready,
                         prompt_logprobs=([wire_logprobs(plps.get(id(s), [])) for s in msg.seqs]

@@ -47,10 +47,16 @@ class Fork(msgspec.Struct, array_like=True, gc=False):
     blocks: list[int]
 
 
+# A decode's input token that the engine does not know yet: the token this worker sampled
+# for the request in its previous step (async scheduling, engine/lookahead.py).
+PREVIOUS_TOKEN = -1
+
+
 class SeqStep(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """One request's rows in a step.
 
-    token_ids: this step's input tokens (a prompt chunk, or the last sampled token);
+    token_ids: this step's input tokens (a prompt chunk, or the last sampled token; a
+    decode submitted ahead of its predecessor's result has ``[PREVIOUS_TOKEN]``);
     start_pos: position of token_ids[0]; new_blocks: blocks appended to the request's table
     in the executing pool since the worker last saw it (the whole table when ``reset``: the
     request (re)enters this worker's pool after a migration); sample: whether the step samples a

@@ -127,6 +127,18 @@ class Translator:
                           swap_out=[_migration(m) for m in plan.swap_out],
                           swap_in=[_migration(m) for m in plan.swap_in])
 
+    def ahead_batch(self, step_id: int, plan: GpuPlan) -> P.GpuBatch:
+        """The descriptor of a decode step submitted behind the one in flight
+        (engine/lookahead.py): each row decodes the token that step samples for it, one
+        position after it; the worker knows that token, the engine not yet."""
+        seqs = []
+        for r in plan.decodes:
+            new, reset = self._table_diff(r, "gpu")
+            seqs.append(P.SeqStep(req_id=r.rid, token_ids=[P.PREVIOUS_TOKEN],
+                                  start_pos=r.num_tokens, new_blocks=new, reset=reset,
+                                  out_index=len(r.out) + 1))
+        return P.GpuBatch(step_id=step_id, seqs=seqs)
+
     def cpu_batch(self, step_id: int, reqs: list[EngineRequest], route: str = "",
                   split: int = 0) -> P.CpuBatch:
         return P.CpuBatch(step_id=step_id, seqs=[self._decode_step(r, "cpu") for r in reqs],

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dualpace.model.batch import ForwardBatch, SeqChunk, build_forward_batch
-from dualpace.runtime.protocol import NewRequest, Release, SamplingSpec, SeqStep
+from dualpace.runtime.protocol import PREVIOUS_TOKEN, NewRequest, Release, SamplingSpec, SeqStep
 from dualpace.sampling.sampler import SamplingRow
 
 
@@ -17,6 +17,8 @@ class WorkerRequest:
     sampling: SamplingSpec
     blocks: list[int] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)  # penalized requests only
+    last_token: int = -1  # the token this worker sampled last for it (-1: none yet)
+    last_index: int = -1  # ... and its out_index
 
 
 class RequestTable:
@@ -43,6 +45,26 @@ class RequestTable:
             if s.outputs or s.outputs_from:
                 req = self.get(s.req_id)
                 req.outputs[s.outputs_from:] = s.outputs
+
+    def resolve_previous(self, seqs: list[SeqStep]) -> None:
+        """A decode submitted ahead of its predecessor's result (``[PREVIOUS_TOKEN]``)
+        takes the token this worker sampled for the request in that predecessor."""
+        for s in seqs:
+            if s.token_ids == [PREVIOUS_TOKEN]:
+                req = self.get(s.req_id)
+                if req.last_index != s.out_index - 1:  # e.g. that step failed
+                    raise ValueError(
+                        f"request {s.req_id}: a decode of output {s.out_index - 1}, which "
+                        f"this worker did not sample (its last: {req.last_index})")
+                s.token_ids = [req.last_token]
+            elif PREVIOUS_TOKEN in s.token_ids:
+                raise ValueError(f"request {s.req_id}: the previous token stands only alone")
+
+    def record_sampled(self, seqs: list[SeqStep], tokens: list[int]) -> None:
+        for s, t in zip(seqs, tokens):
+            if s.sample and t >= 0:
+                req = self.get(s.req_id)
+                req.last_token, req.last_index = t, s.out_index
 
     def apply_blocks(self, seqs: list[SeqStep]) -> None:
         for s in seqs:

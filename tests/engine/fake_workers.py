@@ -26,9 +26,31 @@ class FakeGroup:
         self.world = world
         self.known: set[int] = set()
         self.tables: dict[int, list[int]] = {}
+        self.sampled: dict[int, int] = {}  # rid -> out_index of the token it sampled last
+        self.failed: set[tuple[int, int]] = set()  # (rid, out_index) of failed steps' rows
         self.steps = 0
+        self._order = asyncio.Lock()  # submitted steps run one at a time, in order
+        self._queued = 0  # submitted steps (and releases behind them) not yet executed
+        self._releases: set[asyncio.Future] = set()
 
     def send(self, msg) -> None:
+        if isinstance(msg, P.Release) and self._queued:
+            # The ring's order: a release sent behind submitted steps reaches the worker
+            # after them.
+            self._queued += 1
+            self._releases.add(task := asyncio.ensure_future(self._send_in_order(msg)))
+            task.add_done_callback(self._releases.discard)
+            return
+        self._receive(msg)
+
+    async def _send_in_order(self, msg) -> None:
+        try:
+            async with self._order:
+                self._receive(msg)
+        finally:
+            self._queued -= 1
+
+    def _receive(self, msg) -> None:
         if isinstance(msg, P.NewRequest):
             self.world.require(msg.req_id not in self.known, "request introduced twice")
             self.known.add(msg.req_id)
@@ -36,8 +58,24 @@ class FakeGroup:
             for rid in msg.req_ids:
                 self.known.discard(rid)
                 self.tables.pop(rid, None)
+                self.sampled.pop(rid, None)
                 self.world.on_host.discard(rid)
                 self.world.kv_len.pop(rid, None)
+
+    def submit(self, batch) -> asyncio.Future:
+        """The step's result as a future; submitted steps execute in submission order,
+        each after the one before it (the data-plane ring's order)."""
+        self._queued += 1  # from now: a release sent meanwhile queues behind this step
+        fut = asyncio.ensure_future(self._in_order(batch))
+        fut.add_done_callback(lambda _: self._dequeue())
+        return fut
+
+    def _dequeue(self) -> None:
+        self._queued -= 1
+
+    async def _in_order(self, batch):
+        async with self._order:
+            return await self.step(batch)
 
     async def step(self, batch):
         w = self.world
@@ -48,6 +86,7 @@ class FakeGroup:
         self.steps += 1
         if w.fail_step is not None and w.fail_step(self.kind, batch):
             w.failed_steps.append(batch)
+            self.failed.update((s.req_id, s.out_index) for s in batch.seqs)
             raise WorkerFailure(f"{self.kind} step {batch.step_id} failed (injected)")
         ready = []
         if isinstance(batch, P.GpuBatch):
@@ -67,13 +106,26 @@ class FakeGroup:
         tokens = []
         for s in batch.seqs:
             w.require(s.req_id in self.known, f"{self.kind} worker never introduced to {s.req_id}")
+            if P.PREVIOUS_TOKEN in s.token_ids and (s.req_id, s.out_index - 1) in self.failed:
+                raise WorkerFailure(f"request {s.req_id}: the step this decode follows failed")
             end = s.start_pos + len(s.token_ids)
             # The KV a step attends to must exist: positions [0, start_pos) were written by
             # an earlier step of this request (or copied into its blocks by a fork).
             w.require(s.start_pos == 0 or w.kv_len.get(s.req_id, 0) >= s.start_pos,
                       f"request {s.req_id} runs at position {s.start_pos} with KV for "
                       f"{w.kv_len.get(s.req_id, 0)} positions")
+            if P.PREVIOUS_TOKEN in s.token_ids:  # a decode submitted ahead of its input
+                w.require(s.token_ids == [P.PREVIOUS_TOKEN] and s.sample,
+                          "the previous token not alone in a sampling decode")
+                w.require(self.sampled.get(s.req_id) == s.out_index - 1,
+                          f"request {s.req_id} decodes the token of out_index "
+                          f"{s.out_index - 1}, last sampled {self.sampled.get(s.req_id)}")
+                w.require(w.kv_len.get(s.req_id, 0) == s.start_pos,
+                          f"request {s.req_id}: the token ahead at {s.start_pos}, KV for "
+                          f"{w.kv_len.get(s.req_id, 0)} positions")
             w.kv_len[s.req_id] = end
+            if s.sample:
+                self.sampled[s.req_id] = s.out_index
             w.require(not s.forks or s.sample, "a fork before the prompt is complete")
             for f in s.forks:
                 w.require(len(f.blocks) * w.block_size >= end, "fork into too few blocks")
@@ -192,13 +244,14 @@ class FakeWorkers:
 
 def fake_engine(workers: FakeWorkers, *, gpu_blocks: int, host_blocks: int,
                 policy: str = "dualpace", max_num_seqs: int = 4, gpu_token_limit: int = 64,
-                cpu_batch_limit: int = 4, check: bool = True) -> LLMEngine:
+                cpu_batch_limit: int = 4, check: bool = True,
+                async_scheduling: bool = False) -> LLMEngine:
     """An LLMEngine over ``workers`` (block size 4, vocabulary 1000, no EOS, a 64-block
     staging area); ``check``: the ownership invariants after every round."""
     limits = Limits(max_num_seqs=max_num_seqs, gpu_token_limit=gpu_token_limit,
                     cpu_batch_limit=cpu_batch_limit, max_model_len=1000, staging_blocks=64)
     return LLMEngine(workers, gpu_blocks=gpu_blocks, host_blocks=host_blocks,
                      block_size=workers.block_size, limits=limits, policy=policy,
-                     vocab_size=1000, eos_ids=(),
+                     vocab_size=1000, eos_ids=(), async_scheduling=async_scheduling,
                      on_round=(lambda e, k, p: e.state.check_invariants(
                          list(e.requests.values()))) if check else None)

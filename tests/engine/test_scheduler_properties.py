@@ -41,13 +41,14 @@ def check_round(engine: LLMEngine, kind: str, plan) -> None:
 
 
 async def run_workload(policy, gpu_blocks, host_blocks, limits, jobs, aborts,
-                       timeout: float = 60.0, on_round=check_round, ns=None):
+                       timeout: float = 60.0, on_round=check_round, ns=None,
+                       async_scheduling: bool = False):
     """``ns[i]``: job i's samples (parallel sampling: one prefill, forked KV); its outputs
     are then ``outs[i]`` for the first sample and ``outs[(i, j)]`` for sample j."""
     workers = FakeWorkers(vocab=VOCAB)
     engine = LLMEngine(workers, gpu_blocks=gpu_blocks, host_blocks=host_blocks, block_size=4,
                        limits=limits, policy=policy, vocab_size=VOCAB, eos_ids=(),
-                       on_round=on_round)
+                       on_round=on_round, async_scheduling=async_scheduling)
     engine.start()
     outs = {}
 
@@ -86,13 +87,14 @@ jobs_strategy = st.lists(
     min_size=1, max_size=24)
 
 
+@pytest.mark.parametrize("ahead", [False, True], ids=["in-turn", "async"])
 @pytest.mark.parametrize("policy", ["dualpace", "gated", "gpu-only"])
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(jobs=jobs_strategy, gpu_blocks=st.integers(24, 60), host_blocks=st.integers(24, 120),
        max_seqs=st.integers(2, 8), tokens=st.integers(12, 64), cpu_limit=st.integers(1, 12),
        data=st.data())
-def test_random_workloads(policy, jobs, gpu_blocks, host_blocks, max_seqs, tokens, cpu_limit,
-                          data):
+def test_random_workloads(policy, ahead, jobs, gpu_blocks, host_blocks, max_seqs, tokens,
+                          cpu_limit, data):
     # Prompts up to 40 tokens against a 12-64 token limit: long prompts go Prefill-to-CPU
     # alone; C up to 12 exceeds max_num_seqs (2-8): the CPU tier is bounded by C and host KV.
     aborts = data.draw(st.dictionaries(st.integers(0, len(jobs) - 1), st.floats(0, 0.02),
@@ -104,7 +106,8 @@ def test_random_workloads(policy, jobs, gpu_blocks, host_blocks, max_seqs, token
     limits = Limits(max_num_seqs=max_seqs, gpu_token_limit=tokens, cpu_batch_limit=cpu_limit,
                     max_model_len=10_000)
     outs, workers, _engine = asyncio.run(
-        run_workload(policy, gpu_blocks, host_blocks, limits, jobs, aborts, ns=ns))
+        run_workload(policy, gpu_blocks, host_blocks, limits, jobs, aborts, ns=ns,
+                     async_scheduling=ahead))
     assert len(outs) == sum(ns)
     for key, (rid, toks, reason) in outs.items():
         i = key if isinstance(key, int) else key[0]
