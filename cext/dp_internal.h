@@ -78,11 +78,57 @@ static inline dp_linear_fn dp_linear_for(int isa) {
 }
 /* Thread t's share [lo, hi) of n output rows, in whole 4-row tiles (the linear's register
  * tile), contiguous per thread. */
-static inline void dp_row_share(int n, int t, int T, int *lo, int *hi) {
-    const int tiles = (n + 3) / 4;
-    *lo = (int)((int64_t)tiles * t / T) * 4;
-    *hi = (int)((int64_t)tiles * (t + 1) / T) * 4;
-    if (*hi > n) *hi = n;
+/* Rows [0, n) of a projection over the T threads of a region, in 16-row units: thread t
+ * owns the t-th contiguous share and takes it from the front, DP_CLAIM_UNITS at a time;
+ * a thread whose share is done takes the same amount from the back of another's. The
+ * engine, the other tier and the clients share these cores, and a thread the kernel
+ * preempts then leaves the rest of its share to the running one instead of holding the
+ * barrier for it (single stream on 2 cores), while without preemption every thread still
+ * streams one contiguous range. Every boundary is a multiple of 16 (or n): a row's result
+ * (the SIMD body's, whatever the ISA's lanes) depends neither on which thread computed it
+ * nor on how many there are. One share's front and back are one 64-bit word (CAS). */
+#define DP_CLAIM_UNITS 2
+#define DP_UNIT_ROWS 16  /* a multiple of every ISA's lanes (the SiLU body's tail) */
+
+typedef struct __attribute__((aligned(64))) { uint64_t front_back; } dp_share;  /* a line each */
+
+static inline void dp_shares_init(dp_share *sh, int n, int T) {
+    const int64_t units = (n + DP_UNIT_ROWS - 1) / DP_UNIT_ROWS;
+    for (int t = 0; t < T; t++) {
+        const uint64_t f = (uint64_t)(units * t / T), b = (uint64_t)(units * (t + 1) / T);
+        sh[t].front_back = f | (b << 32);
+    }
+}
+
+/* Units [u, u + take) of share *s, from its front or its back; 0 if it is empty. */
+static inline int dp_share_take(dp_share *s, int from_back, int *u) {
+    uint64_t cur = __atomic_load_n(&s->front_back, __ATOMIC_RELAXED);
+    for (;;) {
+        const uint32_t f = (uint32_t)cur, b = (uint32_t)(cur >> 32);
+        if (f >= b) return 0;
+        const uint32_t take = b - f < DP_CLAIM_UNITS ? b - f : DP_CLAIM_UNITS;
+        const uint64_t next = from_back ? f | ((uint64_t)(b - take) << 32)
+                                        : (f + take) | ((uint64_t)b << 32);
+        if (__atomic_compare_exchange_n(&s->front_back, &cur, next, 1, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+            *u = (int)(from_back ? b - take : f);
+            return (int)take;
+        }
+    }
+}
+
+/* This thread's next rows [lo, hi): its own share first, then the others' backs. */
+static inline int dp_claim_rows(dp_share *sh, int T, int self, int n, int *lo, int *hi) {
+    for (int k = 0; k < T; k++) {
+        int u;
+        const int take = dp_share_take(&sh[(self + k) % T], k > 0, &u);
+        if (take) {
+            *lo = u * DP_UNIT_ROWS;
+            *hi = (u + take) * DP_UNIT_ROWS < n ? (u + take) * DP_UNIT_ROWS : n;
+            return 1;
+        }
+    }
+    return 0;
 }
 
 static inline float dp_bf16_to_f32(uint16_t h) {

@@ -11,8 +11,8 @@
  * dp_qkv_rope_append (q/k norm, RoPE, KV append after the QKV GEMM) and dp_silu_mul_rows.
  *
  * Each call is one OpenMP region whose phases are separated by barriers; every projection
- * goes through the weight-streaming linear of linear_body.h with W's rows split over the
- * threads, so a decode step costs three calls a layer (these two and attention) instead of
+ * goes through the weight-streaming linear of linear_body.h with W's rows claimed by the
+ * threads (dp_claim_rows), so a decode step costs three calls a layer (these two and attention) instead of
  * two dozen torch dispatches. Activations are fp32; weights fp32, bf16 or fp16. The order of
  * every operation is transformers' (RMSNorm: x * rsqrt(mean(x^2) + eps), then * weight;
  * RoPE: x * cos + rotate_half(x) * sin; SiLU: g / (1 + exp(-g))), so results agree with the
@@ -106,15 +106,16 @@ int dp_layer_pre(const dp_layer_dims *m, const dp_layer_weights *w, const float 
     const int N = (Hq + 2 * Hkv) * D;
     float *x = scratch, *qkv = scratch + (int64_t)T * H;
     const int nt = num_threads > 0 ? num_threads : 1;
+    dp_share sh[nt];
+    dp_shares_init(sh, N, nt);
 #pragma omp parallel num_threads(nt)
     {
         const int t = omp_get_thread_num(), nth = omp_get_num_threads();
-        int lo, hi;
         for (int r = t; r < T; r += nth)
             rms_norm_row(hidden + (int64_t)r * H, w->input_norm, m->eps, H, x + (int64_t)r * H);
 #pragma omp barrier
-        dp_row_share(N, t, nth, &lo, &hi);
-        if (lo < hi) f.linear(x, T, H, w->qkv, m->w_dtype, N, w->qkv_bias, qkv, lo, hi);
+        for (int lo, hi; dp_claim_rows(sh, nt, t, N, &lo, &hi);)
+            f.linear(x, T, H, w->qkv, m->w_dtype, N, w->qkv_bias, qkv, lo, hi);
 #pragma omp barrier
         for (int64_t it = t; it < (int64_t)T * (Hq + Hkv); it += nth)
             finish_qkv_item(m, w, qkv, it, positions, slots, k_cache, v_cache, kv_dtype, BS,
@@ -172,12 +173,14 @@ int dp_layer_post(const dp_layer_dims *m, const dp_layer_weights *w, const float
     float *o = scratch, *x = o + (int64_t)T * H, *gu = x + (int64_t)T * H;
     float *act = gu + (int64_t)T * 2 * I;
     const int nt = num_threads > 0 ? num_threads : 1;
+    dp_share sh_o[nt], sh_gu[nt], sh_down[nt];
+    dp_shares_init(sh_o, H, nt);
+    dp_shares_init(sh_gu, I, nt);
+    dp_shares_init(sh_down, H, nt);
 #pragma omp parallel num_threads(nt)
     {
         const int t = omp_get_thread_num(), nth = omp_get_num_threads();
-        int lo, hi;
-        dp_row_share(H, t, nth, &lo, &hi);
-        if (lo < hi) {
+        for (int lo, hi; dp_claim_rows(sh_o, nt, t, H, &lo, &hi);) {
             f.linear(attn, T, Q, w->o, m->w_dtype, H, w->o_bias, o, lo, hi);
             for (int r = 0; r < T; r++)
                 for (int n = lo; n < hi; n++)
@@ -187,10 +190,9 @@ int dp_layer_post(const dp_layer_dims *m, const dp_layer_weights *w, const float
         for (int r = t; r < T; r += nth)
             rms_norm_row(hidden_out + (int64_t)r * H, w->post_norm, m->eps, H, x + (int64_t)r * H);
 #pragma omp barrier
-        /* gate rows [lo, hi) and the matching up rows [I + lo, I + hi): this thread's slice
+        /* gate rows [lo, hi) and the matching up rows [I + lo, I + hi): this claim's slice
          * of the activation needs nothing another thread computes */
-        dp_row_share(I, t, nth, &lo, &hi);
-        if (lo < hi) {
+        for (int lo, hi; dp_claim_rows(sh_gu, nt, t, I, &lo, &hi);) {
             f.linear(x, T, H, w->gate_up, m->w_dtype, 2 * I, NULL, gu, lo, hi);
             f.linear(x, T, H, w->gate_up, m->w_dtype, 2 * I, NULL, gu, I + lo, I + hi);
             for (int r = 0; r < T; r++)
@@ -198,8 +200,7 @@ int dp_layer_post(const dp_layer_dims *m, const dp_layer_weights *w, const float
                            act + (int64_t)r * I + lo, hi - lo);
         }
 #pragma omp barrier
-        dp_row_share(H, t, nth, &lo, &hi);
-        if (lo < hi) {
+        for (int lo, hi; dp_claim_rows(sh_down, nt, t, H, &lo, &hi);) {
             f.linear(act, T, I, w->down, m->w_dtype, H, NULL, o, lo, hi);
             for (int r = 0; r < T; r++)
                 for (int n = lo; n < hi; n++)
@@ -215,15 +216,16 @@ int dp_norm_linear(const float *x, int T, int K, const float *norm, float eps, c
     if (pick(isa, &f)) return -1;
     if (T <= 0 || K % 16 || N <= 0) return -2;
     const int nt = num_threads > 0 ? num_threads : 1;
+    dp_share sh[nt];
+    dp_shares_init(sh, N, nt);
 #pragma omp parallel num_threads(nt)
     {
         const int t = omp_get_thread_num(), nth = omp_get_num_threads();
-        int lo, hi;
         for (int r = t; r < T; r += nth)
             rms_norm_row(x + (int64_t)r * K, norm, eps, K, scratch + (int64_t)r * K);
 #pragma omp barrier
-        dp_row_share(N, t, nth, &lo, &hi);
-        if (lo < hi) f.linear(scratch, T, K, w, w_dtype, N, NULL, out, lo, hi);
+        for (int lo, hi; dp_claim_rows(sh, nt, t, N, &lo, &hi);)
+            f.linear(scratch, T, K, w, w_dtype, N, NULL, out, lo, hi);
     }
     return 0;
 }

@@ -1,4 +1,4 @@
-/* Driver of the decode dense linear: picks the ISA path, splits W rows over threads. */
+/* Driver of the decode dense linear: picks the ISA path, W's rows claimed by the threads. */
 #include <omp.h>
 #include "dp_internal.h"
 
@@ -8,11 +8,12 @@ int dp_linear(const float *x, int M, int K, const void *w, int w_dtype, int N,
     if (!fn) return -1;
     if (M <= 0 || N <= 0 || K <= 0 || K % 16) return -2;
     const int nt = num_threads > 0 ? num_threads : 1;
+    dp_share sh[nt];
+    dp_shares_init(sh, N, nt);
 #pragma omp parallel num_threads(nt)
     {
-        int lo, hi;
-        dp_row_share(N, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
-        if (lo < hi) fn(x, M, K, w, w_dtype, N, bias, out, lo, hi);
+        for (int lo, hi; dp_claim_rows(sh, nt, omp_get_thread_num(), N, &lo, &hi);)
+            fn(x, M, K, w, w_dtype, N, bias, out, lo, hi);
     }
     return 0;
 }

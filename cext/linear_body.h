@@ -1,11 +1,12 @@
 /* Decode-shaped dense linear out[M,N] = x[M,K] @ W[N,K]^T (+ bias), instantiated per ISA.
  * Decode batches have few rows, so the product is bound by streaming W from memory: each
- * thread takes a contiguous range of W rows, and a register tile of MR x-rows by NR W-rows
- * reads every W element once per MR rows of x. Before including define: VEC, VW (lanes),
- * vzero(), vloadu(p), vload_w(p, dtype), vfma(a, b, c), vreduce_add(v), and LINEAR_FN; and,
- * with DP_TILE_SUMS, tile_sums(acc, mr, nr, bias, out, N): out[i*N + j] = the lane sum of
- * acc[i][j] (+ bias[j]) for the whole tile, which the ISA does as one reduction tree (a
- * horizontal sum per output was ~10 ops against its 32 FMAs at K = 512). */
+ * thread's claim (dp_claim_rows) is a contiguous range of W rows, and a register tile of
+ * MR x-rows by NR W-rows reads every W element once per MR rows of x. Before including
+ * define: VEC, VW (lanes), vzero(), vloadu(p), vload_w(p, dtype), vfma(a, b, c),
+ * vreduce_add(v), and LINEAR_FN; and, with DP_TILE_SUMS, tile_sums(acc, mr, nr, bias, out,
+ * N): out[i*N + j] = the lane sum of acc[i][j] (+ bias[j]) for the whole tile, which the
+ * ISA does as one reduction tree (a horizontal sum per output was ~10 ops against its 32
+ * FMAs at K = 512). */
 #define MR 4
 #define NR 4
 
@@ -56,8 +57,9 @@ static inline __attribute__((always_inline)) void lin_rows(
             const int mr = M - m < MR ? M - m : MR;
             const float *xp = x + (int64_t)m * K;
             float *op = out + (int64_t)m * N;
-            /* the first pass over this tile fetches the next tile (later passes hit L1) */
-            const char *pf = m == 0 && n + 2 * NR <= n_hi ? wp + (int64_t)NR * K * esz : NULL;
+            /* the first pass over this tile fetches the next tile (later passes hit L1),
+             * past this claim too: the thread's next claim is most often the next rows */
+            const char *pf = m == 0 && n + 2 * NR <= N ? wp + (int64_t)NR * K * esz : NULL;
             /* constant tile sizes let the compiler keep every accumulator in a register */
             if (nr == NR) {
                 switch (mr) {

@@ -34,6 +34,8 @@ class Plant:
 
 
 ATTN_TEST = "tests/kernels/test_paged_attention.py::"
+THREADS_TEST = ("tests/kernels/test_native_stages.py::"
+                "test_dense_stages_do_not_depend_on_the_thread_count")
 CHUNK_TEST = ("tests/kernels/test_native_stages.py::"
               "test_prefill_chunks_take_the_gemm_stages_and_match_torch")
 
@@ -685,6 +687,28 @@ PLANTS = [
     Plant("repeat-mixes-rates", "compare_policies --repeat merges points of different rates",
           "bench/compare_policies.py", "    if len(rates) != 1:", "    if False:",
           ("tests/bench/test_compare_repeat.py",)),
+    Plant("claims-in-tiles", "projection rows are claimed in 4-row tiles, not 16-row units",
+          "cext/dp_internal.h", "#define DP_UNIT_ROWS 16", "#define DP_UNIT_ROWS 4",
+          (THREADS_TEST,)),
+    Plant("claims-skip-the-others", "a thread done with its share takes nothing of the others'",
+          "cext/dp_internal.h", "    for (int k = 0; k < T; k++) {\n        int u;",
+          "    for (int k = 0; k < 1; k++) {\n        int u;",
+          ("tests/kernels/test_native_stages.py::test_shares_of_threads_openmp_did_not_start",)),
+    Plant("ahead-past-max-tokens", "a step ahead includes rows the step in flight finishes by "
+          "length", "dualpace/engine/lookahead.py", "len(r.out) + 2 <= r.max_tokens]",
+          "len(r.out) + 1 <= r.max_tokens]", ("tests/engine/test_async_scheduling.py",)),
+    Plant("ahead-beside-a-prompt", "a step ahead is submitted while a prompt waits",
+          "dualpace/engine/lookahead.py",
+          " or any(not r.finished for r in st.gpu_waiting):", ":",
+          ("tests/engine/test_async_scheduling.py",)),
+    Plant("ahead-keeps-finished-tokens", "the token a step ahead sampled for a request that "
+          "finished is applied", "dualpace/engine/llm_engine.py",
+          "            if r.finished:  # meanwhile", "            if False:  # meanwhile",
+          ("tests/engine/test_async_scheduling.py",)),
+    Plant("worker-takes-any-previous", "a worker decodes its last token whichever output "
+          "the step asks for", "dualpace/runtime/worker_state.py",
+          "                if req.last_index != s.out_index - 1:",
+          "                if req.last_index < 0:", ("tests/runtime/test_previous_token.py",)),
     Plant("decode-graphs-never-replay", "the stand-in worker never replays a decode graph",
           "dualpace/runtime/gpu_worker.py",
           "and all(s.next_token == -2 for s in seqs) and self.graphs.prepare(fb)):",

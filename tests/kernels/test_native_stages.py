@@ -5,6 +5,9 @@ of the same model, on every ISA path this CPU has, for Llama (GQA, llama3 RoPE),
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -298,3 +301,55 @@ def test_decode_layers_picks_threads_per_layer_from_the_other_tier(models, monke
     idle = native.native.decode_layers(hidden, fb, kv, native.scale, (peer.address, 1, 3))[0]
     assert torch.equal(busy, runs[1]) and torch.equal(idle, runs[3])
     peer.close()
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_dense_stages_do_not_depend_on_the_thread_count(models, isa, rows, monkeypatch):
+    """The projections' rows are claimed by whichever thread runs (cext dp_claim_rows) in
+    runs that start at multiples of 16: each output, SiLU tail included, is the same bit for
+    bit at any thread count, and so whether the other tier is busy or not."""
+    cfg, native, _ = models
+    g = torch.Generator().manual_seed(7 + rows)
+    hidden = torch.randn(rows, cfg.hidden_size, generator=g)
+    attn = torch.randn(rows, cfg.q_size, generator=g)
+    positions = torch.randint(0, 500, (rows,), generator=g)
+    slots = torch.randperm(8 * 16, generator=g)[:rows]
+    runs = []
+    for threads in (1, 2, 3, 5):
+        monkeypatch.setattr(cpu_kernels, "_threads_override", threads)
+        kv = _kv(cfg, torch.float32)
+        q = native.native.pre(0, hidden, positions, slots, kv.k[0], kv.v[0])
+        runs.append((q, kv.k[0].clone(), native.post_attention(0, hidden, attn),
+                     native.post_layer(hidden)))
+    for other in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
+
+
+@pytest.mark.parametrize("n", [37, 100, 1000])
+def test_linear_rows_are_claimed_whole(isa, n, monkeypatch):
+    g = torch.Generator().manual_seed(n)
+    x, w = torch.randn(3, 64, generator=g), torch.randn(n, 64, generator=g)
+    outs = []
+    for threads in (1, 2, 3, 8):
+        monkeypatch.setattr(cpu_kernels, "_threads_override", threads)
+        outs.append(cpu_kernels.linear(x, w))
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    _close(outs[0], x @ w.T)
+
+
+def test_shares_of_threads_openmp_did_not_start():
+    """A region may get fewer threads than it asked for (OMP_THREAD_LIMIT, nested regions):
+    the shares of threads that never started are claimed by those that did."""
+    code = (
+        "import torch\n"
+        "from dualpace.kernels import cpu\n"
+        "cpu.set_num_threads(6)\n"
+        "g = torch.Generator().manual_seed(3)\n"
+        "x, w = torch.randn(2, 64, generator=g), torch.randn(300, 64, generator=g)\n"
+        "err = (cpu.linear(x, w) - x @ w.T).abs().max().item()\n"
+        "print('ERR', err)\n")
+    env = {**os.environ, "OMP_THREAD_LIMIT": "2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    err = float(out.split("ERR")[1])
+    assert err < 1e-3, err
