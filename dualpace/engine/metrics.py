@@ -45,6 +45,13 @@ _HELP = {
 }
 
 
+def _key(labels: dict[str, str]) -> tuple:
+    """Labels as a dict key: one label (the engine's per-token calls) needs no sort."""
+    if len(labels) < 2:
+        return tuple(labels.items())
+    return tuple(sorted(labels.items()))
+
+
 def _labels(labels: dict[str, str]) -> str:
     if not labels:
         return ""
@@ -85,10 +92,10 @@ class Metrics:
         self.collectors: list[Callable[[bool], None]] = []
 
     def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
-        self.counters[(name, tuple(sorted(labels.items())))] += value
+        self.counters[(name, _key(labels))] += value
 
     def set(self, name: str, value: float, **labels: str) -> None:
-        self.gauges[(name, tuple(sorted(labels.items())))] = float(value)
+        self.gauges[(name, _key(labels))] = float(value)
 
     def observe(self, name: str, value: float) -> None:
         self.histograms[name].observe(value)
