@@ -709,6 +709,10 @@ PLANTS = [
           "the step asks for", "dualpace/runtime/worker_state.py",
           "                if req.last_index != s.out_index - 1:",
           "                if req.last_index < 0:", ("tests/runtime/test_previous_token.py",)),
+    Plant("invalid-result-hangs", "a worker's invalid result is skipped, its step left "
+          "waiting", "dualpace/runtime/client.py",
+          '                self.fail_all(StepError(f"{self.kind} worker sent an invalid '
+          'message: {e}"))\n', "", ("tests/runtime/test_worker_client.py",)),
     Plant("decode-graphs-never-replay", "the stand-in worker never replays a decode graph",
           "dualpace/runtime/gpu_worker.py",
           "and all(s.next_token == -2 for s in seqs) and self.graphs.prepare(fb)):",

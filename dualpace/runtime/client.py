@@ -69,7 +69,14 @@ class WorkerClient:
         with contextlib.suppress(BlockingIOError):  # already drained by an earlier call
             os.eventfd_read(self._efd)
         for raw in self._from.read_all():
-            msg = P.to_engine_decoder.decode(raw)
+            try:
+                msg = P.to_engine_decoder.decode(raw)
+            except Exception as e:  # msgspec's DecodeError and ValidationError alike
+                # A record that is not a valid message names no step: fail every step in
+                # flight rather than leave the one it answered waiting forever (an
+                # exception here would end in the loop's handler, the future unresolved).
+                self.fail_all(StepError(f"{self.kind} worker sent an invalid message: {e}"))
+                continue
             fut = self._pending.pop(msg.step_id, None)
             if fut is None or fut.done():
                 continue
