@@ -48,8 +48,8 @@ FLAG_HELP = {
     "attention_backend": "GPU worker's paged attention: auto (triton on CUDA when importable "
                          "and block_size >= 16, else torch) | triton | flashinfer | torch",
     "async_scheduling": "submit a GPU decode step before the previous step's result is "
-                        "applied, when the next round is known to be the same decodes "
-                        "(--no-async-scheduling: plan, execute, apply, one step at a time)",
+                        "applied while the next round is known to be the same decodes (a "
+                        "prompt arriving meanwhile waits a step more)",
     "policy": "dualpace | gated (NEO-style baseline) | gpu-only (vLLM-style baseline)",
     "cpu_batch_limit": "CPU decode batch limit C (0: the profile's, else 256)",
     "cpu_kv_gib": "host (CPU-tier) KV pool size in GiB",
@@ -80,7 +80,7 @@ class EngineConfig:
     max_num_seqs: int = 64  # rows of a GPU batch (not a bound on the CPU tier)
     attention_backend: str = "auto"  # the GPU worker's: auto | triton | flashinfer | torch
     enforce_eager: bool = False  # no CUDA graphs for decode
-    async_scheduling: bool = True  # GPU decode steps ahead of their predecessor's result
+    async_scheduling: bool = False  # GPU decode steps ahead of their predecessor's result
     # --- the dual-engine runtime ----------------------------------------------------------
     policy: str = "dualpace"  # dualpace | gated (NEO-style) | gpu-only (vLLM-style)
     cpu_batch_limit: int = 0  # C, the CPU decode batch limit (0: the profile's, else 256)
