@@ -713,6 +713,14 @@ PLANTS = [
           "waiting", "dualpace/runtime/client.py",
           '                self.fail_all(StepError(f"{self.kind} worker sent an invalid '
           'message: {e}"))\n', "", ("tests/runtime/test_worker_client.py",)),
+    Plant("steady-skips-reserve", "the steady-state GPU round leaves Eq. 4's reserve as it "
+          "was", "dualpace/engine/gpu_round.py",
+          "    plan.decodes = list(decodes)\n    step3_migration_reserve(st, plan)\n",
+          "    plan.decodes = list(decodes)\n", ("tests/engine/test_steady_round.py",)),
+    Plant("steady-past-hbm", "the steady-state GPU round runs when HBM lacks a decode's "
+          "next block", "dualpace/engine/gpu_round.py",
+          "    if sum(r.blocks_for_next() for r in decodes) > st.gpu_pool.num_free:",
+          "    if False:", ("tests/engine/test_steady_round.py",)),
     Plant("decode-graphs-never-replay", "the stand-in worker never replays a decode graph",
           "dualpace/runtime/gpu_worker.py",
           "and all(s.next_token == -2 for s in seqs) and self.graphs.prepare(fb)):",

@@ -371,9 +371,36 @@ def step7_commit(st: SchedulerState, plan: GpuPlan) -> None:
             st.cpu_waiting.append(q)
 
 
+def _steady_decodes(st: SchedulerState, plan: GpuPlan) -> bool:
+    """Steps 2-7 where nothing but the GPU decodes can enter the round (no prompt, no
+    CPU-tier request, so no swap or mark) and HBM holds every decode's next token: the plan
+    the full sequence commits then (every GPU decode; Eq. 4's reserve republished; the next
+    tokens' blocks), without its budget bookkeeping. A decode step's round at batch 1 was a
+    fifth of the engine's work between two steps (~48 of 218 us on this box)."""
+    if st.cpu_running or st.cpu_waiting or st.gpu_waiting:
+        return False
+    decodes = st.gpu_running
+    if any(r.phase is not Phase.DECODE for r in decodes):
+        return False
+    if sum(r.blocks_for_next() for r in decodes) > st.gpu_pool.num_free:
+        return False
+    plan.decodes = list(decodes)
+    step3_migration_reserve(st, plan)
+    for r in plan.decodes:
+        r.blocks += st.gpu_pool.allocate(r.blocks_for_next())
+    return True
+
+
 def gpu_round(st: SchedulerState) -> GpuPlan:
     plan = GpuPlan()
     step1_transfer_frontier(st)
+    if _steady_decodes(st, plan):
+        return plan
+    return full_round(st, plan)
+
+
+def full_round(st: SchedulerState, plan: GpuPlan) -> GpuPlan:
+    """Steps 2-7 in full (after step 1)."""
     population_peak = sum(r.peak_blocks for r in st.gpu_running)
     b = _Budget(free=st.gpu_pool.num_free, tokens=st.limits.gpu_token_limit,
                 rows=st.limits.max_num_seqs, peak=population_peak)

@@ -87,7 +87,7 @@ class Translator:
 
     def _decode_step(self, r: EngineRequest, kind: str) -> P.SeqStep:
         new, reset = self._table_diff(r, kind)
-        return P.SeqStep(req_id=r.rid, token_ids=[_all_tokens(r)[-1]],
+        return P.SeqStep(req_id=r.rid, token_ids=[r.out[-1] if r.out else r.prompt[-1]],
                          start_pos=r.num_tokens - 1, new_blocks=new, reset=reset,
                          out_index=len(r.out), **self._outputs(r, kind))
 
