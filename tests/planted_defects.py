@@ -698,7 +698,7 @@ PLANTS = [
           "length", "dualpace/engine/lookahead.py", "len(r.out) + 2 <= r.max_tokens]",
           "len(r.out) + 1 <= r.max_tokens]", ("tests/engine/test_async_scheduling.py",)),
     Plant("ahead-beside-a-prompt", "a step ahead is submitted while a prompt waits",
-          "dualpace/engine/lookahead.py",
+          "dualpace/engine/gpu_round.py",
           " or any(not r.finished for r in st.gpu_waiting):", ":",
           ("tests/engine/test_async_scheduling.py",)),
     Plant("ahead-keeps-finished-tokens", "the token a step ahead sampled for a request that "

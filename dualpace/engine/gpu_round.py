@@ -184,6 +184,14 @@ def _swap_in_prefix(st: SchedulerState, plan: GpuPlan, b: _Budget) -> None:
         if need > b.free or b.peak + r.peak_blocks > st.gpu_pool.num_blocks:
             break
         plan.swap_in.append(Move(r, list(r.blocks), [], r.num_tokens - 1))
+        # Eq. 2 with the reserve of the population it joins, in the order the round
+        # publishes it: its host blocks stay in use until the step has copied them, and
+        # prompts this round admitted may already have grown the reserve (step 6 runs
+        # after step 5).
+        if not st.host_fits(planned=plan.host_planned,
+                            migration=st.migration_reserve_for(_gpu_population(st, plan))):
+            plan.swap_in.pop()
+            break
         b.free -= need
         b.peak += r.peak_blocks
         b.rows -= 1
@@ -269,17 +277,23 @@ def step5_admit_prefills(st: SchedulerState, plan: GpuPlan, b: _Budget) -> None:
         need = blocks_for_tokens(total, st.gpu_pool.block_size) * len(group)
         if (not to_cpu_mode and b.tokens >= 1 and need <= b.free
                 and len(st.gpu_running) + b_new(plan) + len(group) <= st.limits.max_num_seqs):
-            reserve = st.migration_reserve_for([*population, *group])
+            n = min(total, b.tokens)
+            plan.prefills.append((r, n))
+            # The reserve of the population with it, in the order the round publishes it
+            # (_gpu_population: admissions before swap-ins and marks; a group appended at
+            # the tail instead found a smaller reserve than the one published: Eq. 2 broken
+            # by a swap-in's size, found by the property tests).
+            admitted = _gpu_population(st, plan)
+            reserve = st.migration_reserve_for(admitted)
             if not st.policy.host_tier or st.host_fits(planned=plan.host_planned,
                                                         growth=growth, migration=reserve):
-                n = min(total, b.tokens)
-                plan.prefills.append((r, n))
-                population += group
+                population = admitted
                 b.free -= need
                 b.tokens -= n
                 b.rows -= 1
                 b.peak += sum(q.peak_blocks for q in group)
                 continue
+            plan.prefills.pop()
         if not st.policy.host_tier:
             break
         n_host = blocks_for_tokens(total, st.host_pool.block_size)
@@ -371,17 +385,23 @@ def step7_commit(st: SchedulerState, plan: GpuPlan) -> None:
             st.cpu_waiting.append(q)
 
 
+def only_gpu_decodes(st: SchedulerState) -> bool:
+    """Nothing but the GPU decodes can enter a GPU round: no prompt waits, the CPU tier
+    holds no request (so nothing swaps and no mark is set), every GPU request decodes."""
+    if st.cpu_running or st.cpu_waiting or any(not r.finished for r in st.gpu_waiting):
+        return False
+    return all(r.phase is Phase.DECODE for r in st.gpu_running if not r.finished)
+
+
 def _steady_decodes(st: SchedulerState, plan: GpuPlan) -> bool:
     """Steps 2-7 where nothing but the GPU decodes can enter the round (no prompt, no
     CPU-tier request, so no swap or mark) and HBM holds every decode's next token: the plan
     the full sequence commits then (every GPU decode; Eq. 4's reserve republished; the next
     tokens' blocks), without its budget bookkeeping. A decode step's round at batch 1 was a
     fifth of the engine's work between two steps (~48 of 218 us on this box)."""
-    if st.cpu_running or st.cpu_waiting or st.gpu_waiting:
+    if not only_gpu_decodes(st):
         return False
     decodes = st.gpu_running
-    if any(r.phase is not Phase.DECODE for r in decodes):
-        return False
     if sum(r.blocks_for_next() for r in decodes) > st.gpu_pool.num_free:
         return False
     plan.decodes = list(decodes)

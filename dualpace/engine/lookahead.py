@@ -20,8 +20,8 @@ Torch-free (engine/): the selection and its block commit are tested with fake wo
 
 from __future__ import annotations
 
-from dualpace.engine.gpu_round import GpuPlan
-from dualpace.engine.request import EngineRequest, Phase
+from dualpace.engine.gpu_round import GpuPlan, only_gpu_decodes
+from dualpace.engine.request import EngineRequest
 from dualpace.engine.state import SchedulerState
 from dualpace.kv.block_pool import blocks_for_tokens
 
@@ -37,13 +37,13 @@ def lookahead_rows(st: SchedulerState, in_flight: GpuPlan) -> list[EngineRequest
     if (in_flight.prefills or in_flight.to_cpu or in_flight.swap_out or in_flight.swap_in
             or in_flight.preempted):
         return []
-    if st.cpu_running or st.cpu_waiting or any(not r.finished for r in st.gpu_waiting):
+    if not only_gpu_decodes(st):
         return []
     live = [r for r in in_flight.decodes if not r.finished]
     running = [r for r in st.gpu_running if not r.finished]
     if len(live) != len(running) or {r.rid for r in live} != {r.rid for r in running}:
         return []
-    if any(r.phase is not Phase.DECODE or r.params.penalized for r in live):
+    if any(r.params.penalized for r in live):
         return []
     # The step in flight samples out[len(out)]; the one ahead out[len(out) + 1].
     rows = [r for r in live if r.abort_requested is None and len(r.out) + 2 <= r.max_tokens]

@@ -154,3 +154,21 @@ def test_every_request_ends_finished_with_its_blocks_returned():
     for r in seen.values():
         assert r.phase is Phase.FINISHED and r.finish_reason == "length"
         assert r.blocks == [] and r.pending_free == [] and r.in_flight is None
+
+
+def test_eq2_with_a_swap_in_and_a_group_admitted_in_one_round():
+    """Found by test_random_workloads: a round that swapped a yielded request in (step 4)
+    and admitted an n = 2 prompt (step 5) checked the prompt against the reserve of a
+    population ordered with the prompt at the tail, smaller than the reserve it then
+    published (admissions before swap-ins): used 24 + growth 4 + reserve 16 > 39."""
+    jobs = [(40, 23, 0.0043), (33, 10, 0.0062), (40, 4, 0.0067), (26, 14, 0.0091),
+            (15, 16, 0.0077), (15, 12, 0.0), (6, 20, 0.0027), (7, 10, 0.0), (34, 28, 0.0),
+            (26, 29, 0.0083), (12, 29, 0.0088), (6, 4, 0.0048), (20, 14, 0.0057),
+            (29, 8, 0.01), (12, 13, 0.0), (12, 13, 0.0)]
+    ns = [1, 2, 1, 2, 2, 2, 2, 1, 2, 1, 1, 2, 1, 1, 2, 1]
+    ns = [n if n * -(-p // 4) <= 24 else 1 for n, (p, _, _) in zip(ns, jobs)]
+    limits = Limits(max_num_seqs=2, gpu_token_limit=32, cpu_batch_limit=12,
+                    max_model_len=10_000)
+    outs, _, _ = asyncio.run(run_workload("dualpace", 28, 39, limits, jobs, {6: 0.0119},
+                                          ns=ns))
+    assert len(outs) == sum(ns)
