@@ -19,9 +19,8 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
         if f.name == "model":
             continue
         flag, text = "--" + f.name.replace("_", "-"), FLAG_HELP.get(f.name, "")
-        if str(f.type) == "bool":  # a default-on switch also has its --no- form
-            action = argparse.BooleanOptionalAction if f.default else "store_true"
-            p.add_argument(flag, action=action, default=f.default, help=text)
+        if str(f.type) == "bool":
+            p.add_argument(flag, action="store_true", default=f.default, help=text)
             continue
         kind = {"int": int, "float": float}.get(str(f.type), str)
         p.add_argument(flag, type=kind, default=f.default,
