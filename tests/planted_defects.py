@@ -697,9 +697,9 @@ PLANTS = [
     Plant("ahead-past-max-tokens", "a step ahead includes rows the step in flight finishes by "
           "length", "dualpace/engine/lookahead.py", "len(r.out) + 2 <= r.max_tokens]",
           "len(r.out) + 1 <= r.max_tokens]", ("tests/engine/test_async_scheduling.py",)),
-    Plant("ahead-beside-a-prompt", "a step ahead is submitted while a prompt waits",
-          "dualpace/engine/gpu_round.py",
-          " or any(not r.finished for r in st.gpu_waiting):", ":",
+    Plant("ahead-beside-a-prompt", "a step ahead is submitted while a prompt waits or the "
+          "CPU tier holds requests", "dualpace/engine/lookahead.py",
+          "    if not only_gpu_decodes(st):\n        return []\n    live", "    live",
           ("tests/engine/test_async_scheduling.py",)),
     Plant("ahead-keeps-finished-tokens", "the token a step ahead sampled for a request that "
           "finished is applied", "dualpace/engine/llm_engine.py",
@@ -717,6 +717,10 @@ PLANTS = [
           "was", "dualpace/engine/gpu_round.py",
           "    plan.decodes = list(decodes)\n    step3_migration_reserve(st, plan)\n",
           "    plan.decodes = list(decodes)\n", ("tests/engine/test_steady_round.py",)),
+    Plant("steady-beside-a-prompt", "the steady-state GPU round runs while a prompt waits",
+          "dualpace/engine/gpu_round.py",
+          " or any(not r.finished for r in st.gpu_waiting):", ":",
+          ("tests/engine/test_steady_round.py",)),
     Plant("steady-past-hbm", "the steady-state GPU round runs when HBM lacks a decode's "
           "next block", "dualpace/engine/gpu_round.py",
           "    if sum(r.blocks_for_next() for r in decodes) > st.gpu_pool.num_free:",

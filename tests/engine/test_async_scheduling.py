@@ -12,11 +12,12 @@ import pytest
 
 from dualpace.engine.gpu_round import GpuPlan
 from dualpace.engine.lookahead import commit_lookahead, lookahead_rows
-from dualpace.engine.request import EngineRequest, Owner, Phase
+from dualpace.engine.request import EngineRequest, Phase
 from dualpace.engine.state import Limits, SchedulerState
 from dualpace.kv.block_pool import BlockPool, blocks_for_tokens
 from dualpace.sampling.params import SamplingParams
 
+from . import other_work
 from .fake_workers import FakeWorkers, fake_engine, fake_token
 
 AHEAD = "dualpace:async_scheduled_steps_total"
@@ -189,16 +190,14 @@ def test_no_lookahead_unless_the_next_round_is_the_same_decodes(case):
                                               if case == "penalized" else {}))
     plan = GpuPlan(decodes=[a])
     if case == "prefill":
-        p = EngineRequest(2, [1] * 4, SamplingParams(max_tokens=5), 0, 5, BS)
+        p = other_work.prompt(2, BS)
         p.phase, p.blocks = Phase.PREFILL, st.gpu_pool.allocate(1)
         st.gpu_running.append(p)
         plan.prefills.append((p, 4))
     elif case == "prompt-waiting":
-        st.gpu_waiting.append(EngineRequest(2, [1] * 4, SamplingParams(max_tokens=5), 0, 5, BS))
+        other_work.add_waiting_prompt(st, 2)
     elif case == "cpu-tier":
-        c = EngineRequest(2, [1] * 4, SamplingParams(max_tokens=5), 0, 5, BS)
-        c.owner, c.phase = Owner.CPU, Phase.DECODE
-        st.cpu_running.append(c)
+        other_work.add_cpu_resident(st, 2)
     elif case == "left-out":  # a GPU decode that the step in flight does not run
         _decoding(st, 2)
     elif case == "no-blocks":  # a needs a 3rd block for its 9th token; the pool has none

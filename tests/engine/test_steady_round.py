@@ -11,10 +11,12 @@ import random
 import pytest
 
 from dualpace.engine import gpu_round as G
-from dualpace.engine.request import EngineRequest, Owner, Phase
+from dualpace.engine.request import EngineRequest, Phase
 from dualpace.engine.state import Limits, SchedulerState
 from dualpace.kv.block_pool import BlockPool, blocks_for_tokens
 from dualpace.sampling.params import SamplingParams
+
+from . import other_work
 
 BS = 4
 
@@ -63,11 +65,9 @@ def test_the_steady_path_commits_what_the_full_round_commits(policy):
 def test_anything_else_in_the_round_takes_the_full_sequence(case, monkeypatch):
     st = _state(random.Random(1), "dualpace")
     if case == "prompt":
-        st.gpu_waiting.append(EngineRequest(99, [1] * 3, SamplingParams(max_tokens=4), 0, 4, BS))
+        other_work.add_waiting_prompt(st, 99)
     elif case == "cpu-tier":
-        c = EngineRequest(99, [1] * 3, SamplingParams(max_tokens=4), 0, 4, BS)
-        c.owner, c.phase = Owner.CPU, Phase.DECODE
-        st.cpu_running.append(c)
+        other_work.add_cpu_resident(st, 99)
     else:
         st.gpu_running[0].phase = Phase.PREFILL
     calls = []
