@@ -7,11 +7,14 @@ Random bf16 weights of a checkpoint's shape (default: Llama-3.1-8B's) on one dev
 - prefill: tokens/s of one prompt of each length, against this run's bf16 matmul rate (the
   model's 2 x params x tokens FLOPs, attention excluded).
 
-    python bench/gpu_decode.py --json [--backends triton,torch] [--batches 1,16,64,256]
+    python bench/gpu_decode.py --json [--backends flashinfer,triton,torch]
+        [--batches 1,16,64,256]
         [--contexts 1024,8192] [--prefill 512,2048,8192]
 
 Goals on an H200 for the 8B shape: batch-1 decode >= 70% of the roofline, batch-64 >= 60%,
-prefill >= 50% of the matmul rate. ``--device cpu --shape tiny`` runs the same code on CPU
+prefill >= 50% of the matmul rate. ``--backends`` defaults to those that import: FlashInfer
+(the ``gpu`` extra), Triton, and the torch reference. ``--device cpu --shape tiny`` runs the
+same code on CPU
 (torch backend; the numbers then say nothing about a GPU) to check the script itself.
 """
 
@@ -32,6 +35,7 @@ from dualpace.model.batch import SeqChunk, build_forward_batch
 from dualpace.model.config import ModelConfig, RopeConfig
 from dualpace.model.stages import StagedModel
 from dualpace.model.weights import LayerWeights, ModelWeights
+from dualpace.resolved import GRAPH_BACKENDS
 from dualpace.runtime.decode_graphs import DecodeGraphs, PaddedDecodeInputs
 
 SHAPES = {  # hidden, intermediate, layers, heads, kv heads, head dim, vocab
@@ -120,12 +124,19 @@ def decode_case(model, cfg, kv_cache, batch: int, context: int, graphs: bool,
     return timed(step, device, repeats)
 
 
+def default_backends() -> list[str]:
+    """The backends that import here, FlashInfer first (auto's order)."""
+    import importlib.util
+
+    return [b for b in ("flashinfer", "triton") if importlib.util.find_spec(b)] + ["torch"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--shape", default="llama-3.1-8b", choices=sorted(SHAPES))
-    ap.add_argument("--backends", default="triton,torch")
+    ap.add_argument("--backends", default=",".join(default_backends()))
     ap.add_argument("--batches", default="1,16,64,256")
     ap.add_argument("--contexts", default="1024,8192")
     ap.add_argument("--prefill", default="512,2048,8192")
@@ -159,13 +170,13 @@ def main() -> int:
     for backend in args.backends.split(","):
         model = StagedModel(cfg, weights, max(contexts) + max(int(x) for x in
                                                              args.prefill.split(",")) + 16,
-                            attention_backend=backend)
+                            attention_backend=backend, block_size=BS)
         kv = KVCache(cfg.num_layers, blocks, cfg.num_kv_heads, BS, cfg.head_dim, dtype, device)
         rows = []
         for c in contexts:
             for b in batches:
-                modes = [False] + ([True] if backend == "triton" and device.type == "cuda"
-                                   else [])
+                modes = [False] + ([True] if backend in GRAPH_BACKENDS
+                                   and device.type == "cuda" else [])
                 if b * -(-(c + 1) // BS) + 1 > blocks:
                     rows.append({"batch": b, "context": c, "skipped": "KV does not fit"})
                     continue

@@ -45,8 +45,9 @@ FLAG_HELP = {
     "max_model_len": "longest prompt + output (0: the checkpoint's limit)",
     "max_num_seqs": "most requests in a GPU batch / owned by the CPU tier",
     "enforce_eager": "no CUDA graphs: decode steps launch their kernels one by one",
-    "attention_backend": "GPU worker's paged attention: auto (triton on CUDA when importable "
-                         "and block_size >= 16, else torch) | triton | flashinfer | torch",
+    "attention_backend": "GPU worker's paged attention: auto (on CUDA flashinfer when "
+                         "importable, else triton when importable and block_size >= 16, "
+                         "else torch) | triton | flashinfer | torch",
     "async_scheduling": "submit a GPU decode step before the previous step's result is "
                         "applied while the next round is known to be the same decodes (a "
                         "prompt arriving meanwhile waits a step more)",

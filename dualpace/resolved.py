@@ -41,7 +41,7 @@ class ResolvedConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     gpu_kv_blocks: int  # 0 until a CUDA GPU worker sized its pool (the Runtime fills it in)
     gpu_memory_utilization: float
     attention_backend: str  # the GPU worker's: "triton" | "flashinfer" | "torch"; not "auto"
-    cuda_graphs: bool  # decode steps replay captured graphs (CUDA, triton, not enforce_eager)
+    cuda_graphs: bool  # decode replays captured graphs (CUDA, triton/flashinfer, not eager)
     async_scheduling: bool  # GPU decode steps submitted ahead (engine/lookahead.py)
     max_model_len: int
     max_num_seqs: int
@@ -94,16 +94,27 @@ def _gpu_device(name: str) -> str:
     return "cpu"
 
 
+GRAPH_BACKENDS = ("triton", "flashinfer")  # attention that decode CUDA graphs can capture
+
+
 def _attention_backend(requested: str, device: str, block_size: int) -> str:
-    """``auto``: Triton on CUDA when it imports and the block size suits its tiles (>= 16),
-    else the torch reference. ``triton`` off CUDA runs only under Triton's interpreter
-    (TRITON_INTERPRET=1: tests); anywhere else it is an error, as is a block size < 16."""
+    """``auto`` (issue 12): on CUDA, FlashInfer when it imports (the ``gpu`` extra), else
+    Triton when it imports and the block size suits its tiles (>= 16), else the torch
+    reference; off CUDA the torch reference. The GPU worker then checks the choice on its
+    device (model/attention_check.py) and falls back along the same order. ``triton`` off
+    CUDA runs only under Triton's interpreter (TRITON_INTERPRET=1: tests); anywhere else it
+    is an error, as is a block size < 16."""
     import importlib.util
 
     have = importlib.util.find_spec("triton") is not None
     if requested == "auto":
-        backend = ("triton" if device.startswith("cuda") and have and block_size >= 16
-                   else "torch")
+        cuda = device.startswith("cuda")
+        if cuda and importlib.util.find_spec("flashinfer") is not None:
+            backend = "flashinfer"
+        elif cuda and have and block_size >= 16:
+            backend = "triton"
+        else:
+            backend = "torch"
         log.info("attention backend: %s (auto, on %s)", backend, device)
         return backend
     if requested == "flashinfer":
@@ -186,7 +197,8 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
         cpu_dtype=cpu_dtype, cpu_isa=isa, block_size=bs, gpu_kv_blocks=gpu_blocks,
         gpu_memory_utilization=config.gpu_memory_utilization,
         attention_backend=backend,
-        cuda_graphs=device.startswith("cuda") and backend == "triton" and not config.enforce_eager,
+        cuda_graphs=(device.startswith("cuda") and backend in GRAPH_BACKENDS
+                     and not config.enforce_eager),
         async_scheduling=config.async_scheduling, max_model_len=max_len,
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens, cpu_batch_limit=limit,

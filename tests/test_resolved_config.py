@@ -80,10 +80,38 @@ def test_worker_spec_carries_the_typed_config(ckpt):
         msgspec.json.decode(json.dumps(raw).encode(), type=P.WorkerSpec)
 
 
+def _flashinfer_importable(monkeypatch, yes: bool) -> None:
+    import importlib.machinery
+    import importlib.util
+
+    real = importlib.util.find_spec
+
+    def find_spec(name, *a, **k):
+        if name == "flashinfer":
+            return importlib.machinery.ModuleSpec("flashinfer", None) if yes else None
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+
+def test_auto_prefers_flashinfer_on_cuda_when_it_imports(ckpt, monkeypatch):
+    path = str(ckpt)
+    _flashinfer_importable(monkeypatch, True)
+    rc = resolve(EngineConfig(model=path, gpu_device="cuda"))
+    assert rc.attention_backend == "flashinfer" and rc.cuda_graphs
+    assert resolve(EngineConfig(model=path, gpu_device="cuda", block_size=8)
+                   ).attention_backend == "flashinfer"  # any block size: no Triton tiles
+    assert resolve(EngineConfig(model=path, gpu_device="cpu")).attention_backend == "torch"
+    assert not resolve(EngineConfig(model=path, gpu_device="cuda", enforce_eager=True)
+                       ).cuda_graphs
+
+
 def test_attention_backend_resolution(ckpt, monkeypatch):
     path = str(ckpt)
+    _flashinfer_importable(monkeypatch, False)
     assert resolve(EngineConfig(model=path, gpu_device="cpu")).attention_backend == "torch"
-    # auto on CUDA: Triton (installed with the dev extra) when the block size suits it.
+    # auto on CUDA without FlashInfer: Triton (installed with the dev extra) when the block
+    # size suits it.
     assert resolve(EngineConfig(model=path, gpu_device="cuda")).attention_backend == "triton"
     assert resolve(EngineConfig(model=path, gpu_device="cuda", block_size=8)
                    ).attention_backend == "torch"
@@ -102,8 +130,9 @@ def test_attention_backend_resolution(ckpt, monkeypatch):
         EngineConfig(model=path, attention_backend="xformers")
 
 
-def test_cuda_graphs_follow_device_backend_and_enforce_eager(ckpt):
+def test_cuda_graphs_follow_device_backend_and_enforce_eager(ckpt, monkeypatch):
     path = str(ckpt)
+    _flashinfer_importable(monkeypatch, False)
     assert resolve(EngineConfig(model=path, gpu_device="cuda")).cuda_graphs
     assert not resolve(EngineConfig(model=path, gpu_device="cuda", enforce_eager=True)
                        ).cuda_graphs

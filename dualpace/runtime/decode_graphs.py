@@ -11,8 +11,11 @@ bucket with rows that read and write only a scratch KV block the engine never ha
   its stage boundaries between replays and still serves assists there.
 
 The LM head and sampling run eagerly on the captured hidden rows (sampling parameters vary
-per request). ``--enforce-eager`` turns graphs off. Capture needs the Triton attention
-backend: the torch reference decode syncs with the host (``int(seq_lens.max())``).
+per request). ``--enforce-eager`` turns graphs off. Capture needs the Triton or the FlashInfer
+attention backend: the torch reference decode syncs with the host (``int(seq_lens.max())``).
+FlashInfer's kernels read a page table planned on the host, so an attention that has
+``plan_graph`` (model/attention_flashinfer.py) gets one decode wrapper per bucket over static
+page-table buffers, planned for the padded batch before the capture and before every replay.
 
 Off CUDA a "graph" is the recorded stage itself, re-run on the static buffers at replay: the
 same padding, buckets and stage order, so the worker's graph path is tested on CPU.
@@ -130,8 +133,26 @@ class DecodeGraphs:
         self.hidden = torch.zeros((inputs.max_rows, model.cfg.hidden_size), dtype=model.dtype,
                                   device=model.device)
         self.graphs: dict[int, list] = {}  # bucket -> its stages' graphs
+        self.views: dict[int, ForwardBatch] = {}  # bucket -> the static batch it captured
         self.pool = None
         self.bucket = 0
+        att = model.decode_attention
+        self.planner = att if hasattr(att, "plan_graph") else None  # FlashInfer
+
+    def _plan(self, rows: int, block_ids: list[list[int]], seq_lens: list[int]) -> None:
+        """Plan bucket ``rows``'s page table (FlashInfer) for these rows, padding included."""
+        if self.planner is not None:
+            self.planner.plan_graph(rows, self.views[rows], block_ids, seq_lens,
+                                    self.model.dtype, self.kv.k[0].dtype, self.model.scale)
+
+    def _bind(self, rows: int) -> ForwardBatch:
+        """Bucket ``rows``'s static batch, all padding, planned (FlashInfer) as such."""
+        self.inputs.pad_all()
+        fb = self.views[rows] = self.inputs.view(rows)
+        if self.planner is not None:
+            self.planner.graph_wrapper(rows, rows * self.inputs.max_blocks)
+        self._plan(rows, [[self.inputs.scratch_block]] * rows, [1] * rows)
+        return fb
 
     def _stage(self, k: int, fb: ForwardBatch, rows: int) -> None:
         m, h = self.model, self.hidden[:rows]
@@ -150,7 +171,7 @@ class DecodeGraphs:
         """Largest bucket first (vLLM's order: smaller graphs reuse its pool's memory)."""
         if self.model.device.type != "cuda":
             for rows in self.sizes:
-                fb = self.inputs.view(rows)
+                fb = self._bind(rows)
                 self.graphs[rows] = [_Replayed(lambda k=k, fb=fb, rows=rows:
                                                self._stage(k, fb, rows))
                                      for k in range(self.num_stages)]
@@ -160,8 +181,7 @@ class DecodeGraphs:
         stream.wait_stream(torch.cuda.current_stream(self.model.device))
         with torch.cuda.stream(stream):
             for rows in sorted(self.sizes, reverse=True):
-                self.inputs.pad_all()
-                fb = self.inputs.view(rows)
+                fb = self._bind(rows)
                 for k in range(self.num_stages):  # warm-up: Triton compiles, cuBLAS plans
                     self._stage(k, fb, rows)
                 torch.cuda.synchronize(self.model.device)
@@ -184,9 +204,14 @@ class DecodeGraphs:
         """Load a decode batch into the static inputs; False when no graph holds it."""
         bucket = bucket_for(fb.num_rows, self.sizes)
         if (bucket is None or not fb.is_decode
-                or fb.block_tables.shape[1] > self.inputs.max_blocks):
+                or fb.block_tables.shape[1] > self.inputs.max_blocks
+                or (self.planner is not None and fb.block_ids_list is None)):
             return False
         self.inputs.fill(fb, bucket)
+        if self.planner is not None:
+            pad = bucket - fb.num_rows
+            self._plan(bucket, fb.block_ids_list + [[self.inputs.scratch_block]] * pad,
+                       fb.seq_lens_list + [1] * pad)
         self.bucket = bucket
         return True
 

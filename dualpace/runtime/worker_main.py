@@ -27,6 +27,7 @@ from dualpace.model.attention_check import checked_backend
 from dualpace.model.config import load_model_config
 from dualpace.model.stages import StagedModel, attention_functions
 from dualpace.model.weights import Shard, load_weights
+from dualpace.resolved import GRAPH_BACKENDS
 from dualpace.runtime import protocol as P
 from dualpace.runtime.assist import AssistChannel, pid_alive
 from dualpace.runtime.copies import DEFERRED_ENV, copy_engine, register_host
@@ -150,7 +151,7 @@ class WorkerProcess:
                 if backend != cfg.attention_backend:  # serve with what passed
                     model.decode_attention, model.prefill_attention = attention_functions(
                         backend, device, local, cfg.block_size)
-                    graphs_ok = False
+                    graphs_ok = graphs_ok and backend in GRAPH_BACKENDS
             staging = StagingKV(local.num_layers, cfg.staging_blocks, local.num_kv_heads,
                                 cfg.block_size, local.head_dim, dtype, device)
             blocks = cfg.gpu_kv_blocks

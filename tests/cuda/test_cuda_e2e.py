@@ -44,15 +44,18 @@ def test_kv_pool_sized_by_the_cuda_worker(workload):  # noqa: F811
 @pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None,
                     reason="needs flashinfer (the gpu extra)")
 def test_served_on_flashinfer(workload):  # noqa: F811
-    """bf16 (FlashInfer has no fp32 KV): the backend really served, its first tokens those of
-    transformers' fp32 greedy run for nearly every prompt (bf16 may flip a near tie)."""
+    """bf16 (FlashInfer has no fp32 KV): the backend really served, decode steps replayed
+    from its CUDA graphs, its first tokens those of transformers' fp32 greedy run for nearly
+    every prompt (bf16 may flip a near tie)."""
     path, prompts, expected = workload
     with LLM(str(path), gpu_device="cuda", dtype="bfloat16", attention_backend="flashinfer",
              cpu_kv_gib=0.05, max_num_seqs=16) as llm:
         outs = llm.generate(prompts[:16], SamplingParams(temperature=0, max_tokens=4,
                                                          ignore_eos=True))
         stats = llm._run(llm._serving.runtime.stats())
-    calls = next(s for s in stats if s.kind == "gpu").attention_calls
-    assert calls.get("dualpace.model.attention_flashinfer", 0) > 0, calls
+    gpu = next(s for s in stats if s.kind == "gpu")
+    assert gpu.attention_calls.get("dualpace.model.attention_flashinfer", 0) > 0, \
+        gpu.attention_calls
+    assert gpu.graph_steps > 0
     same = sum(o.token_ids[0] == want[0] for o, want in zip(outs, expected))
     assert same >= 14, f"{same} of 16 first tokens agree"
