@@ -434,6 +434,15 @@ PLANTS = [
     Plant("flashinfer-plans-every-layer", "FlashInfer is planned again at every layer",
           "dualpace/model/attention_flashinfer.py", "        if batch is not self._planned:",
           "        if True:", ("tests/model/test_attention_flashinfer.py",)),
+    Plant("graph-check-never-fails", "the decode graphs' start-up check passes whatever the "
+          "replay gave", "dualpace/runtime/decode_graphs.py",
+          "        if not err <= tol * max(scale, 1.0):  # also catches NaN",
+          "        if False:", ("tests/runtime/test_decode_graphs.py",
+                               "tests/model/test_attention_flashinfer.py")),
+    Plant("graph-check-always-skipped", "the graphs' start-up check never runs, as if "
+          "every pool were too small for its batch", "dualpace/runtime/decode_graphs.py",
+          "        if sum(need) > inp.scratch_block:", "        if True:",
+          ("tests/runtime/test_decode_graphs.py",)),
     Plant("auto-skips-flashinfer", "auto never picks FlashInfer on CUDA",
           "dualpace/resolved.py",
           '        if cuda and importlib.util.find_spec("flashinfer") is not None:',

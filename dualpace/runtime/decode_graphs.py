@@ -17,6 +17,10 @@ FlashInfer's kernels read a page table planned on the host, so an attention that
 ``plan_graph`` (model/attention_flashinfer.py) gets one decode wrapper per bucket over static
 page-table buffers, planned for the padded batch before the capture and before every replay.
 
+After capture, ``check`` replays one ragged decode batch and compares it with the eager
+forward; a worker whose graphs disagree serves eagerly (worker_main.py): neither the graphs
+nor FlashInfer's planning could be checked on hardware in CI.
+
 Off CUDA a "graph" is the recorded stage itself, re-run on the static buffers at replay: the
 same padding, buckets and stage order, so the worker's graph path is tested on CPU.
 """
@@ -28,9 +32,13 @@ import time
 
 import torch
 
-from dualpace.model.batch import ForwardBatch
+from dualpace.model.batch import ForwardBatch, SeqChunk, build_forward_batch
 
 log = logging.getLogger("dualpace.runtime")
+
+# How far replayed hidden rows may be from the eager forward's, relative to their largest
+# value: the same kernels, but the bucket's padded shapes may take other GEMM tilings.
+GRAPH_CHECK_TOL = {torch.float32: 1e-3, torch.bfloat16: 5e-2, torch.float16: 2e-2}
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -199,6 +207,48 @@ class DecodeGraphs:
         log.warning("captured decode CUDA graphs for %d batch sizes (%s, %d per size) in "
                     "%.1f s", len(self.sizes), "per stage" if self.per_stage else
                     "whole forward", self.num_stages, time.perf_counter() - t0)
+
+    @torch.inference_mode()
+    def check(self, tol: float) -> str | None:
+        """Replay a decode batch of up to 3 ragged rows over pool blocks (before serving: no
+        request owns any yet) in a bucket with padding, against the eager forward of the same
+        rows; None when the hidden rows agree within ``tol`` (relative to their largest
+        value), else why not. The blocks are zeroed again afterwards."""
+        bs, inp = self.inputs.block_size, self.inputs
+        rows = min(3, self.sizes[-1])
+        lens = [min((i + 1) * bs // 2 + 1, inp.max_blocks * bs) for i in range(rows)]
+        need = [-(-n // bs) for n in lens]
+        if sum(need) > inp.scratch_block:  # a pool too small to hold the batch
+            return None
+        firsts = [sum(need[:i]) for i in range(rows)]
+        blocks = [list(range(f, f + k))[::-1] for f, k in zip(firsts, need)]  # not in order
+        used = [b for bl in blocks for b in bl]
+        g = torch.Generator().manual_seed(0)
+        for t in (*self.kv.k, *self.kv.v):
+            t[used] = torch.randn(t[used].shape, generator=g).to(t.device, t.dtype)
+        chunks = [SeqChunk([(7 * i + 3) % 100], n - 1, bl)
+                  for i, (n, bl) in enumerate(zip(lens, blocks))]
+        fb = build_forward_batch(chunks, bs, self.model.device)
+        try:
+            m = self.model
+            x = m.pre_layer(fb.input_ids)
+            for i in range(m.cfg.num_layers):
+                x = m.layer(i, x, fb, self.kv)
+            if not self.prepare(fb):
+                return f"no graph holds a decode batch of {rows} rows"
+            for k in range(self.num_stages):
+                self.run_stage(k)
+            got = self.output(rows).float()
+            err = (got - x.float()).abs().max().item()
+            scale = x.float().abs().max().item()
+        finally:
+            for t in (*self.kv.k, *self.kv.v):
+                t[used] = 0
+            self.inputs.pad_all()
+        if not err <= tol * max(scale, 1.0):  # also catches NaN
+            return (f"a replayed decode batch of {rows} rows (bucket {self.bucket}) differs "
+                    f"from the eager forward by {err:.3g} (largest value {scale:.3g})")
+        return None
 
     def prepare(self, fb: ForwardBatch) -> bool:
         """Load a decode batch into the static inputs; False when no graph holds it."""

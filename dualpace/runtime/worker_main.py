@@ -32,7 +32,12 @@ from dualpace.runtime import protocol as P
 from dualpace.runtime.assist import AssistChannel, pid_alive
 from dualpace.runtime.copies import DEFERRED_ENV, copy_engine, register_host
 from dualpace.runtime.cpu_worker import CpuWorker, HostKV
-from dualpace.runtime.decode_graphs import DecodeGraphs, PaddedDecodeInputs, capture_sizes
+from dualpace.runtime.decode_graphs import (
+    GRAPH_CHECK_TOL,
+    DecodeGraphs,
+    PaddedDecodeInputs,
+    capture_sizes,
+)
 from dualpace.runtime.gpu_memory import size_gpu_kv
 from dualpace.runtime.gpu_worker import GpuWorker, StagingKV
 from dualpace.runtime.layouts import (
@@ -185,10 +190,16 @@ class WorkerProcess:
                                       per_stage=cfg.serves_boundaries())
                 try:
                     graphs.capture()
+                    reason = graphs.check(GRAPH_CHECK_TOL[dtype])
                 except Exception:  # serve eagerly rather than not at all
                     log.exception("decode CUDA graph capture failed: serving eagerly "
                                   "(--enforce-eager skips the attempt)")
                     graphs = None
+                else:
+                    if reason is not None:  # wrong tokens are worse than slow ones
+                        log.error("decode CUDA graphs failed their start-up check (%s): "
+                                  "serving eagerly", reason)
+                        graphs = None
             return GpuWorker(model, kv, staging, regions, heads, channels,
                              cfg.serves_boundaries(),
                              spec.rank, spec.tp_size, decisions, copies, graphs)

@@ -309,3 +309,23 @@ def test_a_gpu_worker_on_flashinfer_replays_graphs_beside_interleaved_migrations
     assert late.graph_steps >= 3 and eager.graph_steps == 0
     calls = late.model.attention_calls
     assert set(calls) == {afi.__name__}, calls
+
+
+def test_the_graphs_start_up_check_passes_and_catches_a_stale_page_table(fake_fi,
+                                                                          llama_checkpoint):
+    """DecodeGraphs.check replays a ragged batch against the eager forward: it passes on a
+    correct capture, leaves the blocks it used zeroed, and reports a replay that was not
+    re-planned (the bucket still holds the capture's all-padding page table)."""
+    path, _ = llama_checkpoint
+    model = _fi_model(path)
+    cfg = model.cfg
+    kv = KVCache(cfg.num_layers, 13, cfg.num_kv_heads, 16, cfg.head_dim, torch.float32, CPU)
+    graphs = DecodeGraphs(model, kv, PaddedDecodeInputs(8, 4, 12, 16, CPU), capture_sizes(8),
+                          per_stage=False)
+    graphs.capture()
+    assert graphs.check(1e-3) is None
+    assert all(t[:12].abs().sum() == 0 for t in (*kv.k, *kv.v))  # all but the scratch
+    real = graphs._plan
+    graphs._plan = lambda rows, block_ids, seq_lens: real(rows, [[12]] * rows, [1] * rows)
+    reason = graphs.check(1e-3)
+    assert reason.startswith("a replayed decode batch of 3 rows (bucket 4) differs"), reason

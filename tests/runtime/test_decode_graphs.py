@@ -53,3 +53,35 @@ def test_padding_changes_no_row_and_touches_only_the_scratch_block(llama_checkpo
                                                 zip(kv.k, before))]
     # Position 20 in block 7, position 0 in block 11, the padding rows in scratch block 12.
     assert changed == [7, 11, 12]
+
+
+def test_the_graphs_start_up_check_passes_and_catches_padding_that_reads_real_blocks(
+        llama_checkpoint):
+    """DecodeGraphs.check on the torch backend (CPU: recorded stages): a correct capture
+    passes; a replay whose bucket's rows keep stale block tables (here: every row pointed at
+    block 0) is reported."""
+    from dualpace.runtime.decode_graphs import DecodeGraphs
+
+    path, _ = llama_checkpoint
+    cfg = load_model_config(str(path))
+    model = StagedModel(cfg, load_weights(str(path), cfg, torch.float32), 256)
+    kv = KVCache(cfg.num_layers, 13, cfg.num_kv_heads, 16, cfg.head_dim, torch.float32)
+    inputs = PaddedDecodeInputs(8, 4, 12, 16, torch.device("cpu"))
+    graphs = DecodeGraphs(model, kv, inputs, capture_sizes(8), per_stage=True)
+    graphs.capture()
+    assert graphs.check(1e-4) is None
+    real_fill = inputs.fill
+
+    def fill(fb, bucket):
+        view = real_fill(fb, bucket)
+        inputs.block_tables[:bucket] = 0
+        return view
+
+    inputs.fill = fill
+    assert graphs.check(1e-4).startswith("a replayed decode batch of 3 rows (bucket 4)")
+    tiny = DecodeGraphs(model, KVCache(cfg.num_layers, 3, cfg.num_kv_heads, 16, cfg.head_dim,
+                                       torch.float32),
+                        PaddedDecodeInputs(8, 4, 2, 16, torch.device("cpu")), [1, 2, 4],
+                        per_stage=False)
+    tiny.capture()
+    assert tiny.check(1e-4) is None  # a pool too small for the check's batch: not checked
