@@ -443,6 +443,13 @@ PLANTS = [
           "every pool were too small for its batch", "dualpace/runtime/decode_graphs.py",
           "        if sum(need) > inp.scratch_block:", "        if True:",
           ("tests/runtime/test_decode_graphs.py",)),
+    Plant("jitter-bins-never-split", "prefill steps share a jitter table with the decodes "
+          "around them", "dualpace/sim/costs.py",
+          "        out.append(cut)\n", "        return\n", ("tests/sim/test_jitter.py",)),
+    Plant("jitter-split-without-steps", "a jitter bin is split even where a side has too "
+          "few steps for a table", "dualpace/sim/costs.py",
+          "        if below < JITTER_MIN_BIN or len(inside) - below < JITTER_MIN_BIN:",
+          "        if below < 1 or len(inside) - below < 1:", ("tests/sim/test_jitter.py",)),
     Plant("auto-skips-flashinfer", "auto never picks FlashInfer on CUDA",
           "dualpace/resolved.py",
           '        if cuda and importlib.util.find_spec("flashinfer") is not None:',

@@ -44,6 +44,32 @@ def test_jitter_bins_follow_the_size_steps_are_looked_up_by():
     assert set(t["tables"][3]) == {1.0}
 
 
+def test_a_bin_spanning_decodes_and_prefills_is_split_so_prefills_keep_their_own_tail():
+    """Most steps are one-row decodes of one size, so every quantile edge falls among them
+    and the top bin holds 2 ms multi-row decodes (10% of them at 8x) beside 25 ms prefills
+    (all within 1.1x): the wide bin is cut at its sizes' geometric middle, and a prefill
+    draws from its own table (the log of 2026-12-02 put a decode's 7.6x tail on them)."""
+    rng = np.random.default_rng(0)
+    one_row = np.full(3000, 0.001)
+    rows = np.full(900, 0.002)
+    prefill = rng.uniform(0.020, 0.030, 150)
+    pred = np.concatenate([one_row, rows, prefill])
+    ratio = np.concatenate([np.ones(3000), np.where(np.arange(900) % 10 == 0, 8.0, 1.0),
+                            np.where(np.arange(150) % 2 == 0, 1.1, 1.0)])
+    t = jitter_table(pred * ratio, pred)
+    # the quartiles: 1 ms and 2 ms; the cut between 2 ms and the prefills' smallest
+    assert t["edges"][:2] == pytest.approx([0.001, 0.002]) and len(t["edges"]) == 3
+    assert t["edges"][2] == pytest.approx(np.sqrt(0.002 * prefill.max()))
+    assert 0.002 < t["edges"][2] < prefill.min()
+    decodes, prefills = t["tables"][2], t["tables"][3]
+    assert max(decodes) == pytest.approx(8.0 / 1.7, abs=1e-3)  # mean 1.7 divided out
+    assert max(prefills) == pytest.approx(1.1 / 1.05, abs=1e-3)
+    # too few long steps for a table of their own: no cut
+    few = jitter_table(np.concatenate([one_row, rows, prefill[:50]]),
+                       np.concatenate([one_row, rows, prefill[:50]]))
+    assert few["edges"] == pytest.approx([0.001])
+
+
 def test_jitter_table_without_enough_steps_is_no_spread():
     assert jitter_table(np.array([0.002] * 5), np.array([0.001] * 5)) == {
         "edges": [], "tables": [[1.0]]}
