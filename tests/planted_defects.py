@@ -533,9 +533,9 @@ PLANTS = [
     Plant("peers-phases-overlap", "the single-stream phase replays the concurrent phase's "
           "prompts (llama-server's prompt cache skips their prefill)",
           "bench/peers/compare_peers.py",
-          "return rows[:args.num_requests], rows[args.num_requests:]",
-          "return rows[:args.num_requests], rows[:args.single_requests]",
-          ("tests/bench/test_peers.py::test_the_two_phases_never_replay_a_prompt",)),
+          "    return [(b[:args.num_requests], b[args.num_requests:]) for b in blocks]",
+          "    return [(b[:args.num_requests], b[:args.single_requests]) for b in blocks]",
+          ("tests/bench/test_peers.py::test_no_phase_or_round_replays_a_prompt",)),
     Plant("filter-denominator-from-candidates", "top-p among the candidates normalizes by the "
           "candidates' mass alone", "dualpace/sampling/sampler.py",
           "denom = torch.where(ins, vals.logsumexp(dim=-1), lse[rows])",

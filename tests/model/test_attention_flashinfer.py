@@ -20,7 +20,6 @@ import torch
 if not torch.cuda.is_available():  # Triton (the fallback) runs interpreted on CPU tensors
     os.environ["TRITON_INTERPRET"] = "1"
 
-from dualpace.kv.block_pool import BlockPool, BlockTable
 from dualpace.kv.cache import KVCache
 from dualpace.model import attention_flashinfer as afi
 from dualpace.model.attention_flashinfer import paged_csr, query_indptr
@@ -40,6 +39,7 @@ from dualpace.runtime.decode_graphs import (
 
 from ..conftest import VOCAB, hf_greedy
 from . import fake_flashinfer
+from .chunked_greedy import chunked_prefill_then_greedy
 
 
 def test_csr_literal_case():
@@ -185,30 +185,9 @@ def test_whole_forward_on_flashinfer_is_token_exact(fake_fi, llama_checkpoint):
     FlashInfer backend, one plan per forward: transformers' greedy continuations."""
     path, hf = llama_checkpoint
     model = _fi_model(path)
-    cfg, fi = model.cfg, model.decode_attention
+    fi = model.decode_attention
     assert isinstance(fi, afi.FlashInferAttention) and model.prefill_attention is fi
-    kv = KVCache(cfg.num_layers, 40, cfg.num_kv_heads, 16, cfg.head_dim, torch.float32, CPU)
-    pool = BlockPool(40, 16)
-    rng = random.Random(9)
-    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (3, 17, 40)]
-    tables = [BlockTable(pool) for _ in prompts]
-    for t, p in zip(tables, prompts):
-        t.append(len(p))
-    model.forward(build_forward_batch([SeqChunk(prompts[2][:24], 0, tables[2].blocks)], 16),
-                  kv)
-    chunks = [SeqChunk(prompts[0], 0, tables[0].blocks),
-              SeqChunk(prompts[1], 0, tables[1].blocks),
-              SeqChunk(prompts[2][24:], 24, tables[2].blocks)]
-    logits = model.forward(build_forward_batch(chunks, 16), kv)
-    outs = [[int(t)] for t in logits.argmax(-1)]
-    for _ in range(5):
-        steps = []
-        for p, t, o in zip(prompts, tables, outs):
-            t.append(1)
-            steps.append(SeqChunk([o[-1]], len(p) + len(o) - 1, t.blocks))
-        logits = model.forward(build_forward_batch(steps, 16), kv)
-        for o, tok in zip(outs, logits.argmax(-1)):
-            o.append(int(tok))
+    prompts, outs = chunked_prefill_then_greedy(model, CPU)
     assert fi.plans == 7 and fi.prefill.plans == 2 and fi.decode.plans == 5
     for p, o in zip(prompts, outs):
         assert o == hf_greedy(hf, p, len(o))

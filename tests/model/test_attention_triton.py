@@ -17,19 +17,17 @@ CUDA = torch.cuda.is_available()
 if not CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
 
-from dualpace.kv.block_pool import BlockPool, BlockTable  # noqa: E402
-from dualpace.kv.cache import KVCache  # noqa: E402
 from dualpace.model import attention_triton as at  # noqa: E402
 from dualpace.model.attention_ref import (  # noqa: E402
     paged_decode_attention_ref,
     ragged_paged_attention,
 )
-from dualpace.model.batch import SeqChunk, build_forward_batch  # noqa: E402
 from dualpace.model.config import load_model_config  # noqa: E402
 from dualpace.model.stages import StagedModel  # noqa: E402
 from dualpace.model.weights import load_weights  # noqa: E402
 
 from ..conftest import VOCAB, hf_greedy  # noqa: E402
+from .chunked_greedy import chunked_prefill_then_greedy  # noqa: E402
 
 DEV = torch.device("cuda" if CUDA else "cpu")
 NUM_BLOCKS = 48
@@ -121,28 +119,7 @@ def test_whole_forward_on_triton_is_token_exact(llama_checkpoint):
     model = StagedModel(cfg, load_weights(str(path), cfg, torch.float32, DEV), 512,
                         attention_backend="triton")
     assert model.decode_attention is at.paged_decode_attention
-    kv = KVCache(cfg.num_layers, 40, cfg.num_kv_heads, 16, cfg.head_dim, torch.float32, DEV)
-    pool = BlockPool(40, 16)
-    rng = random.Random(9)
-    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (3, 17, 40)]
-    tables = [BlockTable(pool) for _ in prompts]
-    for t, p in zip(tables, prompts):
-        t.append(len(p))
-    # The long prompt in two chunks: the second attends over cached context.
-    first = build_forward_batch([SeqChunk(prompts[2][:24], 0, tables[2].blocks)], 16, DEV)
-    model.forward(first, kv)
-    chunks = [SeqChunk(prompts[0], 0, tables[0].blocks), SeqChunk(prompts[1], 0, tables[1].blocks),
-              SeqChunk(prompts[2][24:], 24, tables[2].blocks)]
-    logits = model.forward(build_forward_batch(chunks, 16, DEV), kv)
-    outs = [[int(t)] for t in logits.argmax(-1)]
-    for _ in range(5):
-        steps = []
-        for p, t, o in zip(prompts, tables, outs):
-            t.append(1)
-            steps.append(SeqChunk([o[-1]], len(p) + len(o) - 1, t.blocks))
-        logits = model.forward(build_forward_batch(steps, 16, DEV), kv)
-        for o, tok in zip(outs, logits.argmax(-1)):
-            o.append(int(tok))
+    prompts, outs = chunked_prefill_then_greedy(model, DEV)
     for p, o in zip(prompts, outs):
         assert o == hf_greedy(hf, p, len(o))
 
