@@ -450,6 +450,12 @@ PLANTS = [
           "few steps for a table", "dualpace/sim/costs.py",
           "        if below < JITTER_MIN_BIN or len(inside) - below < JITTER_MIN_BIN:",
           "        if below < 1 or len(inside) - below < 1:", ("tests/sim/test_jitter.py",)),
+    Plant("fallback-triton-any-block-size", "a FlashInfer worker that fails its start-up "
+          "check falls back to Triton for blocks its tiles cannot take",
+          "dualpace/model/attention_check.py",
+          '    chain = [name] + (["triton"] if name == "flashinfer" and block_size >= 16',
+          '    chain = [name] + (["triton"] if name == "flashinfer"',
+          ("tests/model/test_attention_flashinfer.py",)),
     Plant("auto-skips-flashinfer", "auto never picks FlashInfer on CUDA",
           "dualpace/resolved.py",
           '        if cuda and importlib.util.find_spec("flashinfer") is not None:',

@@ -69,12 +69,14 @@ def check_backend(name: str, device: torch.device, dtype: torch.dtype) -> str | 
     return None
 
 
-def checked_backend(name: str, device: torch.device, dtype: torch.dtype, log) -> str:
-    """The first of ``name``, then Triton (for FlashInfer), then the torch reference, that
-    passes ``check_backend`` on this device; each failure is logged with its reason."""
+def checked_backend(name: str, device: torch.device, dtype: torch.dtype, log,
+                    block_size: int = BS) -> str:
+    """The first of ``name``, then Triton (for FlashInfer, where it imports and the serving
+    ``block_size`` suits its tiles, >= 16), then the torch reference, that passes
+    ``check_backend`` on this device; each failure is logged with its reason."""
     import importlib.util
 
-    chain = [name] + (["triton"] if name == "flashinfer"
+    chain = [name] + (["triton"] if name == "flashinfer" and block_size >= 16
                       and importlib.util.find_spec("triton") is not None else [])
     for backend in chain:
         reason = check_backend(backend, device, dtype)

@@ -152,7 +152,8 @@ class WorkerProcess:
                                 block_size=cfg.block_size)
             graphs_ok = cfg.cuda_graphs
             if device.type == "cuda" and cfg.attention_backend != "torch":
-                backend = checked_backend(cfg.attention_backend, device, dtype, log)
+                backend = checked_backend(cfg.attention_backend, device, dtype, log,
+                                          cfg.block_size)
                 if backend != cfg.attention_backend:  # serve with what passed
                     model.decode_attention, model.prefill_attention = attention_functions(
                         backend, device, local, cfg.block_size)

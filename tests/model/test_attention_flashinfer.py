@@ -100,6 +100,9 @@ def test_a_failing_flashinfer_falls_back_to_triton(monkeypatch, caplog):
     assert got == "triton"
     assert "flashinfer attention failed its start-up check" in caplog.text
     assert "cannot open shared object file" in caplog.text
+    # blocks smaller than Triton's tiles: the torch reference, not Triton
+    assert attention_check.checked_backend("flashinfer", dev, torch.float32,
+                                           logging.getLogger("test"), block_size=8) == "torch"
 
 
 # --- the backend on CPU, over the stand-in of FlashInfer's wrappers -------------------------
