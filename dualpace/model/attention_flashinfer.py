@@ -94,13 +94,16 @@ class FlashInferAttention:
     def _on_device(self, xs: list[int]) -> torch.Tensor:
         return self._host(xs).to(self.device, non_blocking=True)
 
+    def _page_table(self, block_ids: list[list[int]], seq_lens: list[int]) -> tuple:
+        """``paged_csr`` as plan() takes it: host indptr, device indices, host last pages."""
+        indptr, indices, last = paged_csr(block_ids, seq_lens, self.block_size)
+        return self._host(indptr), self._on_device(indices), self._host(last)
+
     def _plan_decode(self, wrapper, block_ids: list[list[int]], seq_lens: list[int],
                      q_dtype: torch.dtype, kv_dtype: torch.dtype, scale: float) -> None:
-        indptr, indices, last = paged_csr(block_ids, seq_lens, self.block_size)
-        hq, hkv, d = self.heads
-        wrapper.plan(self._host(indptr), self._on_device(indices), self._host(last),
-                     hq, hkv, d, self.block_size, pos_encoding_mode="NONE",
-                     q_data_type=q_dtype, kv_data_type=kv_dtype, sm_scale=scale)
+        wrapper.plan(*self._page_table(block_ids, seq_lens), *self.heads, self.block_size,
+                     pos_encoding_mode="NONE", q_data_type=q_dtype, kv_data_type=kv_dtype,
+                     sm_scale=scale)
         self.plans += 1
 
     def _plan(self, batch, q_dtype: torch.dtype, kv_dtype: torch.dtype, scale: float) -> None:
@@ -111,12 +114,9 @@ class FlashInferAttention:
                               q_dtype, kv_dtype, scale)
             self._wrapper = self.decode
         else:
-            indptr, indices, last = paged_csr(batch.block_ids_list, batch.seq_lens_list,
-                                              self.block_size)
-            hq, hkv, d = self.heads
             self.prefill.plan(self._host(query_indptr(batch.query_lens_list)),
-                              self._host(indptr), self._on_device(indices), self._host(last),
-                              hq, hkv, d, self.block_size, causal=True, sm_scale=scale,
+                              *self._page_table(batch.block_ids_list, batch.seq_lens_list),
+                              *self.heads, self.block_size, causal=True, sm_scale=scale,
                               q_data_type=q_dtype, kv_data_type=kv_dtype)
             self.plans += 1
             self._wrapper = self.prefill
