@@ -1,6 +1,7 @@
 """End to end with real workers: 48 concurrent requests, a GPU KV pool that holds about 4 of
 them, every policy and forced route, each output token-for-token equal to transformers'
-greedy output for its prompt alone; the metrics show where the tokens came from."""
+greedy output for its prompt alone; the metrics show where the tokens came from. The CPU
+tier computes in fp32 here: its default on an AMX host is bf16, which is not token-exact."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ CASES = [
                          ids=[f"{p}-{r or 'gpu'}" for p, _, r in CASES])
 def test_policy_outputs_match_transformers(workload, policy, thresholds, route):
     path, prompts, expected = workload
-    with LLM(str(path), gpu_device="cpu", gpu_kv_blocks=16, cpu_kv_gib=0.05, max_num_seqs=16,
+    with LLM(str(path), gpu_device="cpu", cpu_dtype="float32",
+             gpu_kv_blocks=16, cpu_kv_gib=0.05, max_num_seqs=16,
              max_num_batched_tokens=256, policy=policy, assist_thresholds=thresholds) as llm:
         m = _generate_exact(llm, prompts, expected)
     cpu_tokens = m.get('dualpace:generation_tokens_total{engine="cpu"}', 0)
@@ -86,7 +88,8 @@ def test_long_prompts_and_a_cpu_tier_larger_than_max_num_seqs(llama_checkpoint):
         else:
             cpu_batches.append(len(plan.batch))
 
-    with LLM(str(path), gpu_device="cpu", gpu_kv_blocks=4, cpu_kv_gib=0.05, max_num_seqs=4,
+    with LLM(str(path), gpu_device="cpu", cpu_dtype="float32",
+             gpu_kv_blocks=4, cpu_kv_gib=0.05, max_num_seqs=4,
              cpu_batch_limit=16, max_num_batched_tokens=32, assist_thresholds="0,0") as llm:
         llm._serving.engine.on_round = watch
         m = _generate_exact(llm, prompts, expected)
@@ -129,7 +132,8 @@ def test_abort_mid_step_with_real_workers(workload, case):
             victims.append(r.rid)
             asyncio.get_running_loop().call_soon(engine.abort, r.rid)
 
-    with LLM(str(path), gpu_device="cpu", cpu_kv_gib=0.05, max_num_seqs=16, **options) as llm:
+    with LLM(str(path), gpu_device="cpu", cpu_dtype="float32",
+             cpu_kv_gib=0.05, max_num_seqs=16, **options) as llm:
         llm._serving.engine.on_round = hook
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
                                                     ignore_eos=True))
@@ -155,7 +159,8 @@ def test_tensor_parallel_llm_is_token_exact(workload, policy, thresholds):
     """GPU TP 2 and CPU TP 2 through ``LLM``: both tiers, Dense Assist (dualpace) or the NEO
     pipeline (gated) across ranks, every output equal to transformers'."""
     path, prompts, expected = workload
-    with LLM(str(path), gpu_device="cpu", gpu_kv_blocks=16, cpu_kv_gib=0.05, max_num_seqs=16,
+    with LLM(str(path), gpu_device="cpu", cpu_dtype="float32",
+             gpu_kv_blocks=16, cpu_kv_gib=0.05, max_num_seqs=16,
              max_num_batched_tokens=256, gpu_tp=2, cpu_tp=2, policy=policy,
              assist_thresholds=thresholds) as llm:
         m = _generate_exact(llm, prompts[:16], expected[:16])

@@ -40,7 +40,7 @@ def run_with_runtime(path, thresholds: str, body, tp=(1, 1)):
     before = _shm()
 
     async def main():
-        cfg = EngineConfig(model=str(path), gpu_device="cpu", gpu_kv_blocks=48,
+        cfg = EngineConfig(model=str(path), gpu_device="cpu", cpu_dtype="float32", gpu_kv_blocks=48,
                            cpu_kv_gib=0.02, max_num_seqs=8, assist_thresholds=thresholds,
                            gpu_tp=tp[0], cpu_tp=tp[1])
         rt = Runtime(cfg)

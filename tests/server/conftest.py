@@ -35,7 +35,10 @@ class ServerProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dualpace", "serve", "--model", model, "--port",
              str(self.port), "--gpu-device", "cpu", "--gpu-kv-blocks", "64",
-             "--cpu-kv-gib", "0.05", "--served-model-name", "tiny", *flags],
+             "--cpu-kv-gib", "0.05", "--served-model-name", "tiny",
+             # outputs are compared token for token with fp32 transformers and across the
+             # tiers: the CPU tier's default on an AMX host is bf16
+             "--cpu-dtype", "float32", *flags],
             env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True)
         # Read the server's output all the time: an unread pipe fills (64 KiB) and then
