@@ -73,10 +73,10 @@ def ours_tokens_per_s(model, cfg, batch: int, prompt_len: int, steps: int, repea
 
 
 def hf_tokens_per_s(path, batch: int, prompt_len: int, steps: int, repeats: int,
-                    temperature: float = 0.0):
+                    temperature: float = 0.0, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
     hf.generation_config.eos_token_id = None
     ids = torch.randint(0, hf.config.vocab_size, (batch, prompt_len),
                         generator=torch.Generator().manual_seed(0))
@@ -103,6 +103,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16", "auto"), default="float32",
+                    help="compute dtype (weights and KV; transformers runs the same): auto is "
+                         "the CPU worker's default, bfloat16 where the CPU has AMX")
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="0: greedy (default); > 0: every row samples at this temperature")
     args = ap.parse_args()
@@ -111,7 +114,11 @@ def main() -> None:
 
     path = args.model or reference_model_dir()
     cfg = load_model_config(path)
-    weights = load_weights(path, cfg, torch.float32)
+    dtype_name = args.dtype
+    if dtype_name == "auto":
+        dtype_name = "bfloat16" if cpu_kernels.cpu_features()["amx_bf16"] else "float32"
+    dtype = getattr(torch, dtype_name)
+    weights = load_weights(path, cfg, dtype)
     weight_bytes = sum(iter_weight_bytes(weights))
     model = StagedModel(cfg, weights, args.prompt_len + args.steps + 8)
     threads = cpu_kernels.num_threads()
@@ -130,13 +137,14 @@ def main() -> None:
                "overhead_ms_per_step": round((step - roof_step) * 1e3, 2)}
         if not args.no_hf:
             hf = hf_tokens_per_s(path, b, args.prompt_len, args.steps, args.repeats,
-                                 args.temperature)
+                                 args.temperature, dtype)
             row.update({"transformers_tokens_per_s": round(hf, 1),
                         "ours_vs_transformers": round(ours / hf, 2)})
         results.append(row)
     emit({
         "bench": "decode_throughput", "model": str(path),
-        "params_m": round(weight_bytes / 4 / 1e6, 1), "weight_bytes": weight_bytes,
+        "params_m": round(weight_bytes / dtype.itemsize / 1e6, 1), "weight_bytes": weight_bytes,
+        "dtype": dtype_name, "native_stages": model.why_native or "yes",
         "threads": threads, "torch_threads": torch.get_num_threads(),
         "dram_read_gb_per_s": round(bw / 1e9, 1), "cpu": platform.processor() or "?",
         "isa": cpu_kernels.resolve_isa(), "prompt_len": args.prompt_len, "steps": args.steps,

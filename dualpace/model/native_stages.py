@@ -20,9 +20,17 @@ wakes from sleep (the short OpenMP spin of runtime/supervisor.py when two tiers 
 a 256-token prefill of the llama.cpp comparison model took 97 ms with that spin against 86
 without, and its elementwise ops a quarter of the step (issue 14's single-stream TTFT).
 
-Used only where it computes exactly what the torch stages compute up to rounding: CPU,
-fp32 activations, no tensor-parallel all-reduce, and projection widths that are multiples of
-16. ``DUALPACE_NATIVE_STAGES=0`` turns it off (the torch stages then run everywhere).
+Used only where it computes what the torch stages compute up to rounding: CPU, no
+tensor-parallel all-reduce, and projection widths that are multiples of 16. The C stages
+compute in fp32; a bf16 or fp16 model (the CPU worker's default where the CPU has AMX,
+resolved.py) keeps its weights, norms aside, and its KV cache in that dtype, which the
+kernels read as stored, and its activations cross each stage's boundary in that dtype, as
+the torch stages' do: converted to fp32 on entry and back on exit (a few KB a stage), so
+Dense Assist, the rings and sampling see the same tensors either way. Such a model's prefill
+chunks keep the torch stages (bf16 GEMMs: AMX through oneDNN), whose rounding they then
+follow. Without this a bf16 model ran two dozen torch ops a layer: measured on a Sapphire
+Rapids host, torch's bf16 linear at one row streams 23-29 GB/s against the kernel's 53.
+``DUALPACE_NATIVE_STAGES=0`` turns it off (the torch stages then run everywhere).
 """
 
 from __future__ import annotations
@@ -57,8 +65,8 @@ def why_not_native(cfg: ModelConfig, weights: ModelWeights, has_all_reduce: bool
         return "the C kernels are not built"
     if weights.embed.device.type != "cpu":
         return "not a CPU model"
-    if weights.embed.dtype != torch.float32:
-        return f"compute dtype {weights.embed.dtype} (native stages are fp32)"
+    if weights.embed.dtype not in _DTYPE_CODES or weights.layers[0].qkv.dtype not in _DTYPE_CODES:
+        return f"compute dtype {weights.embed.dtype}"
     if has_all_reduce:
         return "tensor parallel (the all-reduces sit inside the stages)"
     for name, n in (("hidden size", cfg.hidden_size), ("q width", cfg.q_size),
@@ -91,6 +99,10 @@ class NativeStages:
         ffi = self.ffi
         self.cfg = cfg
         self.w = weights
+        # the dtype of the activations at the stage boundaries (the model's compute dtype);
+        # mixed: the C stages convert them to and from fp32, and prefill chunks stay torch's
+        self.act_dtype = weights.embed.dtype
+        self.mixed = self.act_dtype != torch.float32
         # Everything C points at is kept alive here for the model's life.
         self._keep: list[torch.Tensor] = [cos.float().contiguous(), sin.float().contiguous()]
         m = ffi.new("dp_layer_dims *")
@@ -130,6 +142,14 @@ class NativeStages:
         self._keep += [self.final_norm, self.lm_head]
         self._scratch = torch.empty(0, dtype=torch.float32)
 
+    def _in(self, t: torch.Tensor) -> torch.Tensor:
+        """An activation as the C stages take it: fp32, contiguous."""
+        return t.float().contiguous() if t.dtype != torch.float32 else t.contiguous()
+
+    def _out(self, t: torch.Tensor) -> torch.Tensor:
+        """A C stage's fp32 activation in the model's boundary dtype."""
+        return t.to(self.act_dtype) if self.mixed else t
+
     def _scratch_for(self, floats: int) -> torch.Tensor:
         if self._scratch.numel() < floats:
             self._scratch = torch.empty(floats, dtype=torch.float32)
@@ -148,7 +168,7 @@ class NativeStages:
         cfg, ffi = self.cfg, self.ffi
         T = hidden.shape[0]
         nb, bs = self._cache_dims(k_cache, v_cache)
-        hidden = hidden.contiguous()
+        hidden = self._in(hidden)
         positions, slots = positions.contiguous(), slots.contiguous()
         q = torch.empty(T, cfg.num_heads, cfg.head_dim, dtype=torch.float32)
         scratch = self._scratch_for(T * (cfg.hidden_size + cfg.q_size + 2 * cfg.kv_size))
@@ -160,7 +180,7 @@ class NativeStages:
             _isa_code(), cpu_kernels.num_threads())
         if rc:
             raise ValueError(_ERRORS.get(rc, f"dp_layer_pre failed with code {rc}"))
-        return q
+        return self._out(q)
 
     # --- prefill chunks: torch's GEMMs, the elementwise phases in C ------------------------
     def _norm_rows(self, x: torch.Tensor, norm) -> torch.Tensor:
@@ -176,7 +196,8 @@ class NativeStages:
                   slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                   ) -> torch.Tensor:
         """``pre`` for a prefill chunk: RMSNorm (C), the QKV GEMM (torch), q/k norm, RoPE
-        and KV append (C) -> q [T, Hq, D]."""
+        and KV append (C) -> q [T, Hq, D]. fp32 models only (``mixed`` ones keep the torch
+        stages for chunks)."""
         cfg, ffi, lw = self.cfg, self.ffi, self.w.layers[i]
         T = hidden.shape[0]
         nb, bs = self._cache_dims(k_cache, v_cache)
@@ -196,7 +217,8 @@ class NativeStages:
 
     def post_chunk(self, i: int, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """``post`` for a prefill chunk: O GEMM + residual (one addmm), RMSNorm (C), the
-        gate/up GEMM, SiLU * up (C), the down GEMM + residual (addmm in place)."""
+        gate/up GEMM, SiLU * up (C), the down GEMM + residual (addmm in place). fp32 models
+        only, as ``pre_chunk``."""
         ffi, lw = self.ffi, self.w.layers[i]
         T = hidden.shape[0]
         out = torch.addmm(hidden, attn, lw.o.t())
@@ -218,7 +240,7 @@ class NativeStages:
         wrapper's full validation each layer: the checks here are attribute reads, and
         anything unusual takes the validating wrapper (``decode_attention`` of stages.py)."""
         B = q.shape[0]
-        if (q.dtype != torch.float32 or q.dim() != 3 or not q.is_contiguous()
+        if (q.dtype != self.act_dtype or q.dim() != 3 or not q.is_contiguous()
                 or q.shape[1:] != (self.cfg.num_heads, k_cache.shape[-1])
                 or k_cache.dtype != v_cache.dtype or k_cache.shape != v_cache.shape
                 or not k_cache.is_contiguous() or not v_cache.is_contiguous()
@@ -235,7 +257,7 @@ class NativeStages:
         """O proj + residual, RMSNorm, gate/up, SiLU * up, down + residual -> hidden."""
         cfg, ffi = self.cfg, self.ffi
         T = hidden.shape[0]
-        hidden, attn = hidden.contiguous(), attn.contiguous()
+        hidden, attn = self._in(hidden), self._in(attn)
         out = torch.empty_like(hidden)
         scratch = self._scratch_for(T * (2 * cfg.hidden_size + 3 * cfg.intermediate_size))
         rc = self.lib.dp_layer_post(
@@ -244,7 +266,7 @@ class NativeStages:
             cpu_kernels.num_threads())
         if rc:
             raise ValueError(f"dp_layer_post failed with code {rc}")
-        return out
+        return self._out(out)
 
     def _decode_model(self, kv, scale: float):
         """The dp_decode_model of ``kv``'s per-layer caches, built once per set of caches
@@ -281,7 +303,9 @@ class NativeStages:
         count re-picked per layer; None: this process's thread count throughout."""
         cfg, ffi = self.cfg, self.ffi
         T = hidden.shape[0]
-        hidden = hidden.contiguous().clone()
+        # a copy: the call works in place
+        hidden = (hidden.float().contiguous() if hidden.dtype != torch.float32
+                  else hidden.contiguous().clone())
         bt, sl = batch.block_tables.contiguous(), batch.seq_lens.contiguous()
         if bt.dtype != torch.int32 or sl.dtype != torch.int32 or bt.shape[0] != T:
             raise ValueError("decode_layers: a decode batch's int32 block tables and lengths")
@@ -306,13 +330,13 @@ class NativeStages:
                     rc + 10, ("kernel", f"attention failed with code {rc + 10}"))
                 raise ValueError(f"{name}: {why}")
             raise ValueError(_ERRORS.get(rc, f"dp_decode_layers failed with code {rc}"))
-        return hidden, seconds[0]
+        return self._out(hidden), seconds[0]
 
     def final(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """Final RMSNorm + LM head -> fp32 logits [T, V]."""
         ffi = self.ffi
         T, H = hidden_rows.shape
-        hidden_rows = hidden_rows.contiguous()
+        hidden_rows = self._in(hidden_rows)
         out = torch.empty(T, self.lm_head.shape[0], dtype=torch.float32)
         rc = self.lib.dp_norm_linear(
             _ptr(ffi, hidden_rows), T, H, _ptr(ffi, self.final_norm), self.cfg.rms_norm_eps,

@@ -154,13 +154,23 @@ class StagedModel:
     def _native_for(self, rows: int) -> NativeStages | None:
         return self.native if rows <= NATIVE_MAX_ROWS else None
 
+    def _native_stage(self, rows: int, decode_sized, chunk):
+        """The native stage for ``rows`` (``decode_sized`` up to NATIVE_MAX_ROWS, else
+        ``chunk``), or None: the torch stage (no native stages, or a mixed-precision
+        model's prefill chunk)."""
+        if self.native is None:
+            return None
+        if rows <= NATIVE_MAX_ROWS:
+            return decode_sized
+        return None if self.native.mixed else chunk
+
     def pre_attention(
         self, i: int, hidden: torch.Tensor, batch: ForwardBatch, kv: KVCache
     ) -> torch.Tensor:
         if self.native is not None:
-            stage = (self.native.pre if hidden.shape[0] <= NATIVE_MAX_ROWS
-                     else self.native.pre_chunk)
-            return stage(i, hidden, batch.positions, batch.slot_mapping, kv.k[i], kv.v[i])
+            stage = self._native_stage(hidden.shape[0], self.native.pre, self.native.pre_chunk)
+            if stage is not None:
+                return stage(i, hidden, batch.positions, batch.slot_mapping, kv.k[i], kv.v[i])
         q, k, v = self.qkv(i, hidden, batch.positions)
         self.append_kv(i, k, v, batch, kv)
         return q
@@ -207,9 +217,9 @@ class StagedModel:
 
     def post_attention(self, i: int, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         if self.native is not None:
-            stage = (self.native.post if hidden.shape[0] <= NATIVE_MAX_ROWS
-                     else self.native.post_chunk)
-            return stage(i, hidden, attn)
+            stage = self._native_stage(hidden.shape[0], self.native.post, self.native.post_chunk)
+            if stage is not None:
+                return stage(i, hidden, attn)
         cfg, lw = self.cfg, self.w.layers[i]
         o = self.all_reduce(self.linear(attn, lw.o, None))
         hidden = hidden + (o if lw.o_bias is None else o + lw.o_bias)

@@ -183,8 +183,9 @@ def test_why_not_native(models, monkeypatch):
     w = plain.w
     assert why_not_native(cfg, w, False) is None
     assert "tensor parallel" in why_not_native(cfg, w, True)
-    bf16 = dataclasses.replace(w, embed=w.embed.bfloat16())
-    assert "dtype" in why_not_native(cfg, bf16, False)
+    # bf16 / fp16 models run the C stages with fp32 activations inside (mixed precision)
+    assert why_not_native(cfg, dataclasses.replace(w, embed=w.embed.bfloat16()), False) is None
+    assert "dtype" in why_not_native(cfg, dataclasses.replace(w, embed=w.embed.double()), False)
     odd = dataclasses.replace(cfg, intermediate_size=cfg.intermediate_size + 8)
     assert "intermediate size" in why_not_native(odd, w, False)
     monkeypatch.setenv("DUALPACE_NATIVE_STAGES", "maybe")
@@ -353,3 +354,123 @@ def test_shares_of_threads_openmp_did_not_start():
                          text=True, timeout=120, check=True).stdout
     err = float(out.split("ERR")[1])
     assert err < 1e-3, err
+
+
+# --- mixed precision: a bf16 model's stages in C (weights and KV bf16, fp32 inside) ---------
+
+
+@pytest.fixture(scope="module")
+def bf16_models(hf_checkpoint, monkeypatch_module):
+    """(cfg, native bf16 model, torch-stages bf16 model, fp32 torch-stages model) over the
+    same checkpoint: the CPU worker's default compute dtype where the CPU has AMX."""
+    _, path, _ = hf_checkpoint
+    cfg = load_model_config(path)
+    w16 = load_weights(path, cfg, torch.bfloat16)
+    w32 = load_weights(path, cfg, torch.float32)
+    native = StagedModel(cfg, w16, 512)
+    monkeypatch_module.setenv("DUALPACE_NATIVE_STAGES", "0")
+    plain, exact = StagedModel(cfg, w16, 512), StagedModel(cfg, w32, 512)
+    monkeypatch_module.delenv("DUALPACE_NATIVE_STAGES")
+    assert native.native is not None and native.native.mixed and plain.native is None
+    return cfg, native, plain, exact
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).abs().max() / (b.float().abs().max() + 1e-6)).item()
+
+
+def test_mixed_stages_keep_the_model_dtype_at_their_boundaries(bf16_models, isa):
+    """pre/post/final take and give what the torch bf16 stages take and give (bf16 q and
+    hidden, fp32 logits), agree with them to bf16 rounding, and write bf16 KV."""
+    cfg, native, plain, _ = bf16_models
+    g = torch.Generator().manual_seed(5)
+    rows = 5  # from 4 rows the AMX path's projections take the tiles
+    hidden = torch.randn(rows, cfg.hidden_size, generator=g).bfloat16()
+    attn = torch.randn(rows, cfg.q_size, generator=g).bfloat16()
+    batch = type("B", (), {"positions": torch.randint(0, 500, (rows,), generator=g),
+                           "slot_mapping": torch.randperm(8 * 16, generator=g)[:rows]})
+    kv_n, kv_t = _kv(cfg, torch.bfloat16), _kv(cfg, torch.bfloat16)
+    for layer in range(cfg.num_layers):
+        q_n = native.pre_attention(layer, hidden, batch, kv_n)
+        q_t = plain.pre_attention(layer, hidden, batch, kv_t)
+        assert q_n.dtype == q_t.dtype == torch.bfloat16 and q_n.shape == q_t.shape
+        assert _rel(q_n, q_t) < 3e-2
+        assert _rel(kv_n.k[layer], kv_t.k[layer]) < 3e-2
+        assert _rel(kv_n.v[layer], kv_t.v[layer]) < 3e-2
+        h_n = native.post_attention(layer, hidden, attn)
+        h_t = plain.post_attention(layer, hidden, attn)
+        assert h_n.dtype == torch.bfloat16 and _rel(h_n, h_t) < 3e-2
+    logits = native.post_layer(hidden)
+    assert logits.dtype == torch.float32 and _rel(logits, plain.post_layer(hidden)) < 3e-2
+
+
+def _greedy_logits(model, prompt, steps, kv_dtype):
+    """Logits of a prefill and ``steps`` greedy decode steps of one sequence."""
+    from dualpace.model.batch import SeqChunk, build_forward_batch
+
+    cfg = model.cfg
+    kv = _kv(cfg, kv_dtype, blocks=4)
+    blocks = [2, 0, 3, 1]
+    out = [model.forward(build_forward_batch([SeqChunk(prompt, 0, blocks)], 16), kv)]
+    for s in range(steps):
+        tok = int(out[-1][0].argmax())
+        fb = build_forward_batch([SeqChunk([tok], len(prompt) + s, blocks)], 16)
+        out.append(model.forward(fb, kv))
+    return torch.cat(out)
+
+
+def test_mixed_forward_is_no_less_accurate_than_the_torch_bf16_stages(bf16_models, isa):
+    """A prefill and decode steps of the bf16 model, natively (C stages, fp32 inside) and
+    through torch's bf16 stages, against the fp32 model on the same weights: the native
+    logits are within bf16 rounding of fp32, and not further from them than torch's."""
+    cfg, native, plain, exact = bf16_models
+    prompt = torch.randint(0, cfg.vocab_size, (9,),
+                           generator=torch.Generator().manual_seed(2)).tolist()
+    want = _greedy_logits(exact, prompt, 6, torch.float32)
+    got_native = _greedy_logits(native, prompt, 6, torch.bfloat16)
+    got_torch = _greedy_logits(plain, prompt, 6, torch.bfloat16)
+    err_native, err_torch = _rel(got_native, want), _rel(got_torch, want)
+    assert err_native < 5e-2, err_native
+    assert err_native <= 1.5 * err_torch + 1e-3, (err_native, err_torch)
+
+
+def test_mixed_prefill_chunks_take_the_torch_stages(bf16_models, monkeypatch):
+    """The chunk stages are fp32 GEMMs: a bf16 model's prefill chunks run the torch bf16
+    stages instead (oneDNN's bf16 GEMMs), never the weight-streaming ones."""
+    cfg, native, plain, _ = bf16_models
+
+    def refuse(*a, **k):
+        raise AssertionError("a native stage was called for a mixed model's prefill chunk")
+
+    for name in ("pre", "post", "pre_chunk", "post_chunk"):
+        monkeypatch.setattr(native.native, name, refuse)
+    g = torch.Generator().manual_seed(4)
+    hidden = torch.randn(CHUNK, cfg.hidden_size, generator=g).bfloat16()
+    batch = type("B", (), {"positions": torch.randint(0, 500, (CHUNK,), generator=g),
+                           "slot_mapping": torch.randperm(16 * 16, generator=g)[:CHUNK]})
+    kv_n, kv_t = _kv(cfg, torch.bfloat16, blocks=16), _kv(cfg, torch.bfloat16, blocks=16)
+    q_n = native.pre_attention(0, hidden, batch, kv_n)
+    assert torch.equal(q_n, plain.pre_attention(0, hidden, batch, kv_t))
+    attn = torch.randn(CHUNK, cfg.q_size, generator=g).bfloat16()
+    assert torch.equal(native.post_attention(0, hidden, attn),
+                       plain.post_attention(0, hidden, attn))
+
+
+def test_mixed_decode_layers_matches_the_layer_loop(bf16_models, isa):
+    """decode_layers keeps the residual in fp32 across layers where the layer loop rounds it
+    to bf16 at every stage boundary: the two agree to bf16 rounding, write the same KV to
+    within it, and hand back bf16."""
+    cfg, native, _, _ = bf16_models
+    fb, blocks = _decode_batch(cfg, [1, 17, 40, 33])
+    kv_a = _filled_kv(cfg, torch.bfloat16, blocks)
+    kv_b = _filled_kv(cfg, torch.bfloat16, blocks)
+    hidden = native.pre_layer(fb.input_ids)
+    assert hidden.dtype == torch.bfloat16
+    want = hidden
+    for i in range(cfg.num_layers):
+        want = native.layer(i, want, fb, kv_a)
+    got, _ = native.decode_layers(hidden, fb, kv_b)
+    assert got.dtype == torch.bfloat16
+    assert _rel(got, want) < 3e-2
+    for a, b in zip(kv_a.k + kv_a.v, kv_b.k + kv_b.v):
+        assert _rel(b, a) < 3e-2
