@@ -68,7 +68,8 @@ def main() -> None:
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--isa", default=None,
-                    help="scalar | avx2 | avx512 | avx512_bf16 (default: the best this CPU has)")
+                    help="scalar | avx2 | avx512 | avx512_bf16 | amx (default: the best this CPU "
+                         "has; amx runs attention as avx512_bf16 does)")
     ap.add_argument("--grid", action="store_true",
                     help="also the GQA x head-dim x block-size grid at 32k tokens")
     ap.add_argument("--ref-max-tokens", type=int, default=131072,

@@ -14,7 +14,8 @@ static dp_attn_item_fn pick(int isa) {
     case DP_ISA_SCALAR: return dp_attn_item_scalar;
     case DP_ISA_AVX2: return dp_attn_item_avx2;
     case DP_ISA_AVX512: return dp_attn_item_avx512;
-    case DP_ISA_AVX512_BF16: return dp_attn_item_avx512bf16;
+    case DP_ISA_AVX512_BF16:
+    case DP_ISA_AMX: return dp_attn_item_avx512bf16;
     default: return NULL;
     }
 }

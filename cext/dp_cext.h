@@ -9,8 +9,11 @@
 enum { DP_F32 = 0, DP_BF16 = 1, DP_F16 = 2 };
 
 /* instruction-set paths. DP_ISA_AVX512_BF16 is AVX-512 plus the bf16 dot product: decode
- * attention over bf16 q and KV uses it, everything else runs the AVX-512 bodies. */
-enum { DP_ISA_SCALAR = 0, DP_ISA_AVX2 = 1, DP_ISA_AVX512 = 2, DP_ISA_AVX512_BF16 = 3 };
+ * attention over bf16 q and KV uses it, everything else runs the AVX-512 bodies.
+ * DP_ISA_AMX is that plus AMX tiles, which the dense projections of bf16 weights take from
+ * DP_AMX_MIN_ROWS rows (linear_amx.c); dp_amx_enable() must have returned 1. */
+enum { DP_ISA_SCALAR = 0, DP_ISA_AVX2 = 1, DP_ISA_AVX512 = 2, DP_ISA_AVX512_BF16 = 3,
+       DP_ISA_AMX = 4 };
 
 /* feature bits reported by dp_cpu_features() */
 enum {
@@ -19,6 +22,10 @@ enum {
 };
 
 uint32_t dp_cpu_features(void);
+
+/* 1 when this process may use AMX tiles (asks Linux for the tile state once; inherited by
+ * forked children), 0 when the CPU or the kernel does not offer them. */
+int dp_amx_enable(void);
 
 /* Paged decode attention over one layer of an HND KV pool.
  * q [B, Hq, D], k/v [num_blocks, Hkv, BS, D], block_tables [B, max_blocks], seq_lens [B],

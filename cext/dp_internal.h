@@ -3,6 +3,7 @@
 #define DP_INTERNAL_H
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include "dp_cext.h"
 
@@ -58,8 +59,11 @@ static inline int dp_bf16_dot_applies(int q_dtype, int kv_dtype, int G, int D) {
 }
 
 /* The ISA whose bodies run the dense stages on a path: their activations are fp32, which
- * the bf16 dot product would round, so the AVX512_BF16 path runs the AVX-512 ones. */
-static inline int dp_dense_isa(int isa) { return isa == DP_ISA_AVX512_BF16 ? DP_ISA_AVX512 : isa; }
+ * the bf16 dot product would round, so the AVX512_BF16 path runs the AVX-512 ones; so does
+ * the AMX path, but for the projections dp_use_amx picks. */
+static inline int dp_dense_isa(int isa) {
+    return isa == DP_ISA_AVX512_BF16 || isa == DP_ISA_AMX ? DP_ISA_AVX512 : isa;
+}
 
 /* The decode linear's per-ISA bodies (linear_body.h): out rows [n_lo, n_hi) of
  * x[M,K] @ W[N,K]^T + bias; drivers in linear.c and layer.c split the rows over threads. */
@@ -71,6 +75,45 @@ void dp_linear_avx2(const float *, int, int, const void *, int, int, const float
                     int, int);
 void dp_linear_avx512(const float *, int, int, const void *, int, int, const float *, float *,
                       int, int);
+/* The AMX linear (linear_amx.c): x packed by dp_amx_pack_x into xp, W bf16; rows of W past
+ * the claim's last whole 16 take dp_linear_avx512 on x. */
+void dp_linear_amx(const float *x, const uint16_t *xp, int M, int K, const void *w, int N,
+                   const float *bias, float *out, int n_lo, int n_hi);
+void dp_amx_pack_x(const float *x, int M, int K, uint16_t *xp, int t, int nth);
+size_t dp_amx_packed_bytes(int M, int K);
+
+/* From this many rows a bf16 projection on the AMX path takes the tiles; below, the AVX-512
+ * body streams W at the same speed and keeps x in fp32. */
+#define DP_AMX_MIN_ROWS 4
+static inline int dp_use_amx(int isa, int w_dtype, int M, int K) {
+    return isa == DP_ISA_AMX && w_dtype == DP_BF16 && M >= DP_AMX_MIN_ROWS && K % 32 == 0;
+}
+
+/* The packed-x buffer of a call whose bf16 projections of M rows may take the tiles, room
+ * for the widest input (K_max), or NULL: they all take the AVX-512 body (not the AMX path,
+ * too few rows, no tile state from the OS, or no memory). Freed with free(). */
+static inline uint16_t *dp_amx_buffer(int isa, int w_dtype, int M, int K_max) {
+    if (!dp_use_amx(isa, w_dtype, M, 32) || !dp_amx_enable()) return NULL;
+    const size_t bytes = (dp_amx_packed_bytes(M, K_max) + 63) / 64 * 64;
+    return (uint16_t *)aligned_alloc(64, bytes);
+}
+/* Inside a region, by every thread: x packed into buf for a projection that takes the tiles,
+ * then a barrier; returns buf, or NULL (no barrier) when the projection takes the body. */
+static inline const uint16_t *dp_amx_prepare(uint16_t *buf, int isa, int w_dtype,
+                                             const float *x, int M, int K, int t, int nth) {
+    if (!buf || !dp_use_amx(isa, w_dtype, M, K)) return NULL;
+    dp_amx_pack_x(x, M, K, buf, t, nth);
+#pragma omp barrier
+    return buf;
+}
+/* Rows [lo, hi) of one projection: on the tiles when xp (dp_amx_prepare), else fn. */
+static inline void dp_project(dp_linear_fn fn, const uint16_t *xp, const float *x, int M, int K,
+                              const void *w, int w_dtype, int N, const float *bias, float *out,
+                              int lo, int hi) {
+    if (xp) dp_linear_amx(x, xp, M, K, w, N, bias, out, lo, hi);
+    else fn(x, M, K, w, w_dtype, N, bias, out, lo, hi);
+}
+
 static inline dp_linear_fn dp_linear_for(int isa) {
     isa = dp_dense_isa(isa);
     return isa == DP_ISA_AVX512 ? dp_linear_avx512 : isa == DP_ISA_AVX2 ? dp_linear_avx2

@@ -108,19 +108,22 @@ int dp_layer_pre(const dp_layer_dims *m, const dp_layer_weights *w, const float 
     const int nt = num_threads > 0 ? num_threads : 1;
     dp_share sh[nt];
     dp_shares_init(sh, N, nt);
+    uint16_t *buf = dp_amx_buffer(isa, m->w_dtype, T, H);
 #pragma omp parallel num_threads(nt)
     {
         const int t = omp_get_thread_num(), nth = omp_get_num_threads();
         for (int r = t; r < T; r += nth)
             rms_norm_row(hidden + (int64_t)r * H, w->input_norm, m->eps, H, x + (int64_t)r * H);
 #pragma omp barrier
+        const uint16_t *xp = dp_amx_prepare(buf, isa, m->w_dtype, x, T, H, t, nth);
         for (int lo, hi; dp_claim_rows(sh, nt, t, N, &lo, &hi);)
-            f.linear(x, T, H, w->qkv, m->w_dtype, N, w->qkv_bias, qkv, lo, hi);
+            dp_project(f.linear, xp, x, T, H, w->qkv, m->w_dtype, N, w->qkv_bias, qkv, lo, hi);
 #pragma omp barrier
         for (int64_t it = t; it < (int64_t)T * (Hq + Hkv); it += nth)
             finish_qkv_item(m, w, qkv, it, positions, slots, k_cache, v_cache, kv_dtype, BS,
                             q_out);
     }
+    free(buf);
     return 0;
 }
 
@@ -177,11 +180,14 @@ int dp_layer_post(const dp_layer_dims *m, const dp_layer_weights *w, const float
     dp_shares_init(sh_o, H, nt);
     dp_shares_init(sh_gu, I, nt);
     dp_shares_init(sh_down, H, nt);
+    const int k_max = Q > H ? (Q > I ? Q : I) : (H > I ? H : I);
+    uint16_t *buf = dp_amx_buffer(isa, m->w_dtype, T, k_max);
 #pragma omp parallel num_threads(nt)
     {
         const int t = omp_get_thread_num(), nth = omp_get_num_threads();
+        const uint16_t *xp = dp_amx_prepare(buf, isa, m->w_dtype, attn, T, Q, t, nth);
         for (int lo, hi; dp_claim_rows(sh_o, nt, t, H, &lo, &hi);) {
-            f.linear(attn, T, Q, w->o, m->w_dtype, H, w->o_bias, o, lo, hi);
+            dp_project(f.linear, xp, attn, T, Q, w->o, m->w_dtype, H, w->o_bias, o, lo, hi);
             for (int r = 0; r < T; r++)
                 for (int n = lo; n < hi; n++)
                     hidden_out[(int64_t)r * H + n] = hidden[(int64_t)r * H + n] + o[(int64_t)r * H + n];
@@ -192,21 +198,25 @@ int dp_layer_post(const dp_layer_dims *m, const dp_layer_weights *w, const float
 #pragma omp barrier
         /* gate rows [lo, hi) and the matching up rows [I + lo, I + hi): this claim's slice
          * of the activation needs nothing another thread computes */
+        xp = dp_amx_prepare(buf, isa, m->w_dtype, x, T, H, t, nth);
         for (int lo, hi; dp_claim_rows(sh_gu, nt, t, I, &lo, &hi);) {
-            f.linear(x, T, H, w->gate_up, m->w_dtype, 2 * I, NULL, gu, lo, hi);
-            f.linear(x, T, H, w->gate_up, m->w_dtype, 2 * I, NULL, gu, I + lo, I + hi);
+            dp_project(f.linear, xp, x, T, H, w->gate_up, m->w_dtype, 2 * I, NULL, gu, lo, hi);
+            dp_project(f.linear, xp, x, T, H, w->gate_up, m->w_dtype, 2 * I, NULL, gu, I + lo,
+                       I + hi);
             for (int r = 0; r < T; r++)
                 f.silu_mul(gu + (int64_t)r * 2 * I + lo, gu + (int64_t)r * 2 * I + I + lo,
                            act + (int64_t)r * I + lo, hi - lo);
         }
 #pragma omp barrier
+        xp = dp_amx_prepare(buf, isa, m->w_dtype, act, T, I, t, nth);
         for (int lo, hi; dp_claim_rows(sh_down, nt, t, H, &lo, &hi);) {
-            f.linear(act, T, I, w->down, m->w_dtype, H, NULL, o, lo, hi);
+            dp_project(f.linear, xp, act, T, I, w->down, m->w_dtype, H, NULL, o, lo, hi);
             for (int r = 0; r < T; r++)
                 for (int n = lo; n < hi; n++)
                     hidden_out[(int64_t)r * H + n] += o[(int64_t)r * H + n];
         }
     }
+    free(buf);
     return 0;
 }
 
@@ -218,14 +228,17 @@ int dp_norm_linear(const float *x, int T, int K, const float *norm, float eps, c
     const int nt = num_threads > 0 ? num_threads : 1;
     dp_share sh[nt];
     dp_shares_init(sh, N, nt);
+    uint16_t *buf = dp_amx_buffer(isa, w_dtype, T, K);
 #pragma omp parallel num_threads(nt)
     {
         const int t = omp_get_thread_num(), nth = omp_get_num_threads();
         for (int r = t; r < T; r += nth)
             rms_norm_row(x + (int64_t)r * K, norm, eps, K, scratch + (int64_t)r * K);
 #pragma omp barrier
+        const uint16_t *xp = dp_amx_prepare(buf, isa, w_dtype, scratch, T, K, t, nth);
         for (int lo, hi; dp_claim_rows(sh, nt, t, N, &lo, &hi);)
-            f.linear(scratch, T, K, w, w_dtype, N, NULL, out, lo, hi);
+            dp_project(f.linear, xp, scratch, T, K, w, w_dtype, N, NULL, out, lo, hi);
     }
+    free(buf);
     return 0;
 }

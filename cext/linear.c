@@ -10,10 +10,14 @@ int dp_linear(const float *x, int M, int K, const void *w, int w_dtype, int N,
     const int nt = num_threads > 0 ? num_threads : 1;
     dp_share sh[nt];
     dp_shares_init(sh, N, nt);
+    uint16_t *buf = dp_amx_buffer(isa, w_dtype, M, K);
 #pragma omp parallel num_threads(nt)
     {
-        for (int lo, hi; dp_claim_rows(sh, nt, omp_get_thread_num(), N, &lo, &hi);)
-            fn(x, M, K, w, w_dtype, N, bias, out, lo, hi);
+        const int t = omp_get_thread_num();
+        const uint16_t *xp = dp_amx_prepare(buf, isa, w_dtype, x, M, K, t, omp_get_num_threads());
+        for (int lo, hi; dp_claim_rows(sh, nt, t, N, &lo, &hi);)
+            dp_project(fn, xp, x, M, K, w, w_dtype, N, bias, out, lo, hi);
     }
+    free(buf);
     return 0;
 }

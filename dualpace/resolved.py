@@ -136,8 +136,11 @@ def _attention_backend(requested: str, device: str, block_size: int) -> str:
 
 
 def _cpu_dtype_and_isa(requested: str) -> tuple[str, str]:
-    """BF16 where the CPU has AMX (oneDNN BF16 through torch is fast there), else FP32: on
-    AVX2/AVX-512 machines torch's BF16 linear is several times slower (DESIGN.md)."""
+    """BF16 where the CPU has AMX, else FP32 (DESIGN.md). With AMX the CPU worker's
+    decode stages run natively on bf16 weights (half the bytes of fp32; AMX tiles from 4
+    rows, cext/linear_amx.c) and prefill chunks on oneDNN's AMX GEMMs; without it bf16
+    halves the weight bytes but torch's bf16 linear (prefill chunks) is several times
+    slower than fp32."""
     from dualpace.kernels import cpu
 
     have = cpu.available()

@@ -15,7 +15,7 @@ import torch
 from dualpace.kernels._lib import require
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-ISAS = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512_bf16": 3}
+ISAS = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512_bf16": 3, "amx": 4}
 _FEAT_AVX2, _FEAT_FMA, _FEAT_F16C, _FEAT_AVX512 = 1, 2, 4, 8
 _FEAT_AVX512_BF16, _FEAT_AMX_BF16 = 16, 32
 
@@ -43,8 +43,14 @@ def cpu_features() -> dict[str, bool]:
 
 @functools.cache
 def supported_isas() -> list[str]:
+    """The ISA paths this process can run, least to most capable. ``amx`` is avx512_bf16
+    plus AMX tiles for the dense projections of bf16 weights (cext/linear_amx.c): offered
+    where the CPU has them and Linux grants this process the tile state."""
     feats = cpu_features()
-    return ["scalar"] + [name for name in ("avx2", "avx512", "avx512_bf16") if feats[name]]
+    isas = ["scalar"] + [name for name in ("avx2", "avx512", "avx512_bf16") if feats[name]]
+    if feats["amx_bf16"] and "avx512_bf16" in isas and require()[1].dp_amx_enable():
+        isas.append("amx")
+    return isas
 
 
 @functools.cache
@@ -193,7 +199,7 @@ def attention_uses_bf16_dot(q_dtype: torch.dtype, kv_dtype: torch.dtype, group: 
     faster than the fp32 route: bf16 q and KV, GQA groups of 8 or more, head dims a multiple
     of 32; cext/attention_avx512bf16.c)."""
     _, lib = require()
-    if resolve_isa(isa) != "avx512_bf16" or q_dtype not in DTYPE_CODES \
+    if resolve_isa(isa) not in ("avx512_bf16", "amx") or q_dtype not in DTYPE_CODES \
             or kv_dtype not in DTYPE_CODES:
         return False
     return bool(lib.dp_attn_bf16_dot(DTYPE_CODES[q_dtype], DTYPE_CODES[kv_dtype], group,

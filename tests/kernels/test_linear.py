@@ -1,6 +1,7 @@
 """The weight-streaming decode linear (cext/linear_body.h) against torch on every ISA path:
 row counts around the 4-row register tile, widths whose thread shares end in partial tiles,
-weights in fp32, bf16 and fp16, with and without bias, on 1-3 threads."""
+weights in fp32, bf16 and fp16, with and without bias, on 1-3 threads; on the AMX path the
+tiles' rows (bf16 weights, from 4 rows of x, K a multiple of 32) against x rounded to bf16."""
 
 from __future__ import annotations
 
@@ -12,6 +13,16 @@ from dualpace.kernels import cpu as cpu_kernels
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="cext not built")
 
 ISAS = cpu_kernels.supported_isas() if cpu_kernels.available() else []
+needs_amx = pytest.mark.skipif("amx" not in ISAS, reason="this CPU or kernel offers no AMX tiles")
+
+
+def tile_rows(isa: str, w_dtype: torch.dtype, M: int, N: int, K: int) -> int:
+    """How many leading output columns cext/linear_amx.c computes on AMX tiles, by its
+    documented rule: the amx path, bf16 W, M >= 4, K a multiple of 32, and every whole 16
+    rows of W (the claims end on multiples of 16, but for the last at N)."""
+    if isa != "amx" or w_dtype != torch.bfloat16 or M < 4 or K % 32:
+        return 0
+    return N // 16 * 16
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -21,11 +32,13 @@ def test_linear_matches_torch(isa, w_dtype, threads, monkeypatch):
     monkeypatch.setattr(cpu_kernels, "_threads_override", threads)
     g = torch.Generator().manual_seed(threads)
     for M, N, K in [(1, 1, 16), (3, 7, 48), (4, 64, 512), (5, 13, 32), (9, 101, 80),
-                    (17, 40, 1376)]:
+                    (17, 40, 1376), (16, 48, 64), (33, 200, 96), (40, 16, 32)]:
         x = torch.randn(M, K, generator=g)
         w = torch.randn(N, K, generator=g).to(w_dtype)
         b = torch.randn(N, generator=g)
         want = x.double() @ w.double().T
+        tiles = tile_rows(isa, w_dtype, M, N, K)
+        want[:, :tiles] = (x.bfloat16().double() @ w.double().T)[:, :tiles]
         for bias in (None, b):
             got = cpu_kernels.linear(x, w, bias, isa=isa)
             ref = want + (0 if bias is None else bias.double())
@@ -39,3 +52,18 @@ def test_linear_rejects_bad_shapes():
         cpu_kernels.linear(torch.randn(2, 20), torch.randn(3, 20))
     with pytest.raises(ValueError, match="in-features"):
         cpu_kernels.linear(torch.randn(2, 32), torch.randn(3, 16))
+
+
+@needs_amx
+def test_amx_path_changes_only_the_projections_it_names(monkeypatch):
+    """Forcing ``amx`` leaves fp32 and fp16 weights, and bf16 below 4 rows, to the AVX-512
+    body, bit for bit; from 4 rows bf16 weights take the tiles (x rounded to bf16)."""
+    monkeypatch.setattr(cpu_kernels, "_threads_override", 2)
+    g = torch.Generator().manual_seed(9)
+    for M in (1, 3, 4, 32):
+        x = torch.randn(M, 256, generator=g)
+        for dt in (torch.float32, torch.float16, torch.bfloat16):
+            w = torch.randn(96, 256, generator=g).to(dt)
+            a = cpu_kernels.linear(x, w, None, isa="amx")
+            b = cpu_kernels.linear(x, w, None, isa="avx512_bf16")
+            assert torch.equal(a, b) == (tile_rows("amx", dt, M, 96, 256) == 0), (M, dt)

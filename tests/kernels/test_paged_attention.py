@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from dualpace.kernels import cpu
 from dualpace.model.attention_ref import paged_decode_attention_ref
 
-ALL_ISAS = ["scalar", "avx2", "avx512", "avx512_bf16"]
+ALL_ISAS = ["scalar", "avx2", "avx512", "avx512_bf16", "amx"]
 SUPPORTED = cpu.supported_isas()
 # Max abs error vs the fp32 reference, for outputs of unit scale. fp32 KV: the kernel's
 # polynomial exp and summation order (~1e-6; ~2e-5 with scores of magnitude ~50).
