@@ -128,6 +128,10 @@ int dp_silu_mul_rows(const float *gate_up, int T, int I, float *act, int isa, in
 int dp_exponential_race(const float *probs, int R, int64_t V, const int64_t *keys, int64_t *out,
                         int num_threads);
 
+/* Greedy sampling (argmax.c): out[r] = torch.argmax(x[r]) for x [R, V] fp32 row-major: the
+ * first index of the maximum, or of the first NaN. 0, or -5 when out of memory. */
+int dp_argmax_rows(const float *x, int R, int64_t V, int64_t *out, int isa, int num_threads);
+
 /* Write T tokens' K/V ([T, Hkv, D], same dtype as the cache) at flat slots of one layer. */
 int dp_kv_append(void *k_cache, void *v_cache, const void *k, const void *v,
                  const int64_t *slots, int T, int Hkv, int BS, int D, int elem_size,

@@ -302,6 +302,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out
 
 
+def argmax_rows(x: torch.Tensor, *, isa: str | None = None) -> torch.Tensor:
+    """``x.argmax(dim=-1)`` of fp32 logits [R, V] (cext/argmax.c): the first index of each
+    row's maximum, or of its first NaN, as torch gives it. Returns int64 [R]."""
+    ffi, lib = require()
+    _check_tensor(x, "logits", 2, (torch.float32,))
+    R, V = x.shape
+    if R == 0 or V == 0 or V >= 1 << 31:
+        raise ValueError(f"logits: shape {tuple(x.shape)}; need rows, and 1 to 2^31 - 1 columns")
+    out = torch.empty(R, dtype=torch.int64)
+    rc = lib.dp_argmax_rows(ffi.cast("float *", x.data_ptr()), R, V,
+                            ffi.cast("int64_t *", out.data_ptr()), ISAS[resolve_isa(isa)],
+                            num_threads())
+    if rc != 0:
+        raise MemoryError("argmax_rows: out of memory")
+    return out
+
+
 def exponential_race(probs: torch.Tensor, keys: list[int]) -> torch.Tensor:
     """argmax over v of probs[r, v] / E(keys[r], v), E the SplitMix64 Exp(1) noise of
     sampling/sampler.py: the token ``(probs.double() / exponential_noise(keys)).argmax(-1)``

@@ -151,7 +151,7 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
     if logits.shape[0] != len(rows):
         raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sampling rows")
     logits = apply_penalties(logits, rows)
-    out = logits.argmax(dim=-1)
+    out = greedy_tokens(logits)
     rand = [i for i, r in enumerate(rows) if r.temperature > 0.0]
     if rand:
         idx = torch.tensor(rand, device=logits.device)
@@ -167,6 +167,17 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
         keys = [step_seed(rows[i].seed, rows[i].step) for i in rand]
         out[idx] = exponential_race(probs, keys)
     return out.tolist()
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(dim=-1)``: on CPU one C pass a row (cext/argmax.c, the same first
+    index of the maximum or of the first NaN; torch's took 0.75 ms for 32 rows of a 32k
+    vocabulary, 8% of such a bf16 decode step), elsewhere torch's."""
+    if (logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
+            and logits.is_contiguous() and logits.numel() and logits.shape[1] < 1 << 31
+            and cpu_kernels.available()):
+        return cpu_kernels.argmax_rows(logits)
+    return logits.argmax(dim=-1)
 
 
 def exponential_race(probs: torch.Tensor, keys: list[int]) -> torch.Tensor:
