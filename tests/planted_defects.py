@@ -510,8 +510,10 @@ PLANTS = [
           "        if (positions[r] < 0 || positions[r] >= m->max_positions) return -3;\n", "",
           ("tests/kernels/test_native_stages.py::test_bad_index_is_an_error_and_writes_nothing",)),
     Plant("native-for-prefill-chunks", "prefill-sized batches take the weight-streaming "
-          "post-attention", "dualpace/model/stages.py", "else self.native.post_chunk)",
-          "else self.native.post)", (CHUNK_TEST,)),
+          "post-attention", "dualpace/model/stages.py",
+          "self._native_stage(hidden.shape[0], self.native.post, self.native.post_chunk)",
+          "self._native_stage(hidden.shape[0], self.native.post, self.native.post)",
+          (CHUNK_TEST,)),
     Plant("chunk-qkv-bias-dropped", "a prefill chunk's QKV GEMM leaves out the QKV bias",
           "dualpace/model/native_stages.py",
           "else torch.addmm(lw.qkv_bias, x, lw.qkv.t()))", "else F.linear(x, lw.qkv))",
@@ -572,8 +574,8 @@ PLANTS = [
            "test_candidate_filter_keeps_what_the_sorted_definition_keeps",)),
     Plant("native-attention-trusts-strided-q", "the native attention call hands a strided q "
           "to the kernel unchecked", "dualpace/model/native_stages.py",
-          "        if (q.dtype != torch.float32 or q.dim() != 3 or not q.is_contiguous()",
-          "        if (q.dtype != torch.float32 or q.dim() != 3",
+          "        if (q.dtype != self.act_dtype or q.dim() != 3 or not q.is_contiguous()",
+          "        if (q.dtype != self.act_dtype or q.dim() != 3",
           ("tests/kernels/test_native_stages.py::test_decode_attention_matches_the_validating_kernel",)),
     Plant("roofline-counts-the-embedding", "the decode roofline counts the untied embedding "
           "table a step never streams", "dualpace/model/weights.py",
@@ -698,9 +700,8 @@ PLANTS = [
           (ATTN_TEST + "test_bf16_dot_products_where_they_apply",)),
     Plant("bf16-path-dense-stages-missing", "the AVX512_BF16 path has no dense-stage bodies",
           "cext/dp_internal.h",
-          "static inline int dp_dense_isa(int isa) { return isa == DP_ISA_AVX512_BF16 ? "
-          "DP_ISA_AVX512 : isa; }",
-          "static inline int dp_dense_isa(int isa) { return isa; }",
+          "    return isa == DP_ISA_AVX512_BF16 || isa == DP_ISA_AMX ? DP_ISA_AVX512 : isa;",
+          "    return isa == DP_ISA_AMX ? DP_ISA_AVX512 : isa;",
           ("tests/kernels/test_native_stages.py",)),
     Plant("decode-layers-skips-the-last", "the one-call decode step leaves out the last "
           "layer", "cext/decode_layers.c", "    for (int l = 0; l < dm->n_layers; l++) {",
