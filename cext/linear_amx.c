@@ -4,7 +4,7 @@
  * Why: a decode batch of 8-128 rows is no longer bound by streaming W on the AVX-512 body
  * (linear_body.h): each W element is widened to fp32 and FMAed once per 4 x-rows, and at 32
  * rows a 4096 x 4096 bf16 projection took 7.0 ms against 1.5 ms for oneDNN's AMX GEMM
- * (torch) on a 2-core Sapphire Rapids VM; the tiles do 16 x 16 x 32 MACs an instruction.
+ * (torch) on a 2-core AMX VM (Intel Xeon); the tiles do 16 x 16 x 32 MACs an instruction.
  *
  * Layout: the product is computed transposed, C^T[n][m] = sum_k W[n][k] x[m][k], so that
  * W's rows load straight into A tiles (16 rows of 32 bf16 each, stride K) and only x, a few

@@ -28,8 +28,8 @@ kernels read as stored, and its activations cross each stage's boundary in that 
 the torch stages' do: converted to fp32 on entry and back on exit (a few KB a stage), so
 Dense Assist, the rings and sampling see the same tensors either way. Such a model's prefill
 chunks keep the torch stages (bf16 GEMMs: AMX through oneDNN), whose rounding they then
-follow. Without this a bf16 model ran two dozen torch ops a layer: measured on a Sapphire
-Rapids host, torch's bf16 linear at one row streams 23-29 GB/s against the kernel's 53.
+follow. Without this a bf16 model ran two dozen torch ops a layer: measured on a 2-core AMX
+VM (Intel Xeon), torch's bf16 linear at one row streams 23-29 GB/s against the kernel's 53.
 ``DUALPACE_NATIVE_STAGES=0`` turns it off (the torch stages then run everywhere).
 """
 
