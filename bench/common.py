@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
+import os
+import shutil
 import socket
 import statistics
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
@@ -56,6 +61,23 @@ def emit(result: dict, as_json: bool) -> None:
         print(json.dumps(result))
     else:
         print(json.dumps(result, indent=2))
+
+
+@functools.cache
+def frozen_server_env() -> dict[str, str]:
+    """The environment for the ``python -m dualpace serve`` processes of a long benchmark: a
+    copy of the package as it was when the benchmark first asked (its built kernels
+    included) ahead of the editable install on PYTHONPATH, removed at exit. A sweep starts
+    its servers afresh for every point, minutes apart, and an edit of the tree meanwhile
+    had them import code that the built kernels did not match (a 4-sweep validation died
+    that way half an hour in)."""
+    snapshot = Path(tempfile.mkdtemp(prefix="dualpace-bench-"))
+    atexit.register(shutil.rmtree, snapshot, ignore_errors=True)
+    shutil.copytree(REPO / "dualpace", snapshot / "dualpace",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(snapshot), env.get("PYTHONPATH")) if p)
+    return env
 
 
 def free_port() -> int:

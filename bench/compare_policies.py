@@ -46,6 +46,7 @@ from common import (
     REPO,
     emit,
     free_port,
+    frozen_server_env,
     host_cpu_times,
     scrape_metrics,
     steal_fraction,
@@ -99,7 +100,7 @@ def start_server(model: str, policy: str, args) -> tuple[subprocess.Popen, str]:
         log = step_log(policy, args.out)
         log.unlink(missing_ok=True)
         cmd += ["--step-log", str(log)]
-    proc = subprocess.Popen(cmd)
+    proc = subprocess.Popen(cmd, env=frozen_server_env())
     url = f"http://127.0.0.1:{port}"
     wait_healthy(url, proc)
     return proc, url

@@ -55,7 +55,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import loadgen  # noqa: E402
 import peer_model  # noqa: E402
-from common import REPO, emit, free_port, wait_healthy  # noqa: E402
+from common import REPO, emit, free_port, frozen_server_env, wait_healthy  # noqa: E402
 
 PEERS = ("dualpace", "dualpace-allcores", "llama.cpp", "transformers")
 TRACE = REPO.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
@@ -122,7 +122,8 @@ def start(peer: str, model: Path, args) -> tuple[subprocess.Popen, str]:
         cmd = [sys.executable, str(HERE / "hf_server.py"), "--model", str(model), "--port",
                str(port), "--threads", str(os.cpu_count())]
     log = open(Path(args.out) / f"{peer}.log", "w")  # noqa: SIM115 - lives as long as proc
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    env = frozen_server_env() if peer.startswith("dualpace") else None
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, timeout=300)
