@@ -123,7 +123,6 @@ int dp_layer_pre(const dp_layer_dims *m, const dp_layer_weights *w, const float 
             finish_qkv_item(m, w, qkv, it, positions, slots, k_cache, v_cache, kv_dtype, BS,
                             q_out);
     }
-    free(buf);
     return 0;
 }
 
@@ -216,7 +215,6 @@ int dp_layer_post(const dp_layer_dims *m, const dp_layer_weights *w, const float
                     hidden_out[(int64_t)r * H + n] += o[(int64_t)r * H + n];
         }
     }
-    free(buf);
     return 0;
 }
 
@@ -239,6 +237,5 @@ int dp_norm_linear(const float *x, int T, int K, const float *norm, float eps, c
         for (int lo, hi; dp_claim_rows(sh, nt, t, N, &lo, &hi);)
             dp_project(f.linear, xp, scratch, T, K, w, w_dtype, N, NULL, out, lo, hi);
     }
-    free(buf);
     return 0;
 }

@@ -18,6 +18,5 @@ int dp_linear(const float *x, int M, int K, const void *w, int w_dtype, int N,
         for (int lo, hi; dp_claim_rows(sh, nt, t, N, &lo, &hi);)
             dp_project(fn, xp, x, M, K, w, w_dtype, N, bias, out, lo, hi);
     }
-    free(buf);
     return 0;
 }
