@@ -593,6 +593,13 @@ PLANTS = [
     Plant("linear-drops-bias", "the decode linear ignores its bias", "cext/linear_body.h",
           "vreduce_add(acc[i][j]) + (bias ? bias[n0 + j] : 0.f)", "vreduce_add(acc[i][j])",
           ("tests/kernels/test_linear.py",)),
+    Plant("linear-seq-order", "the few-rows loop of the decode linear sums a row's K chunks "
+          "in another order than the interleaved loop", "cext/linear_body.h",
+          "            for (int k = 0; k < K; k += VW) {\n                const VEC wv = "
+          "vload_w(wj",
+          "            for (int k = K - VW; k >= 0; k -= VW) {\n                const VEC wv = "
+          "vload_w(wj",
+          ("tests/kernels/test_linear.py::test_row_results_do_not_depend_on_the_batch",)),
     Plant("amx-drops-bias", "the AMX linear ignores its bias", "cext/linear_amx.c",
           "const float bv = bias ? bias[n0 + r] : 0.f;", "const float bv = 0.f;",
           ("tests/kernels/test_linear.py::test_linear_matches_torch",)),

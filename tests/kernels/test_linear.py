@@ -47,6 +47,27 @@ def test_linear_matches_torch(isa, w_dtype, threads, monkeypatch):
             assert err <= 1e-5 * K ** 0.5 * (ref.abs().max().item() + 1), (M, N, K, err)
 
 
+@pytest.mark.parametrize("isa", [i for i in ISAS if i != "amx"])
+@pytest.mark.parametrize("w_dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_row_results_do_not_depend_on_the_batch(isa, w_dtype, monkeypatch):
+    """Up to 4 rows of x over short W rows the tiles read W row after row (the seq loop of
+    cext/linear_body.h), from 5 rows interleaved: the same accumulations in the same order,
+    so a row's output is bit for bit the same whichever loop, batch size or thread count
+    computed it (a decode row must not change with its batch)."""
+    g = torch.Generator().manual_seed(5)
+    for K in (512, 1376, 4096):  # seq up to 4 rows, up to 2 rows, never
+        x = torch.randn(8, K, generator=g)
+        w = torch.randn(70, K, generator=g).to(w_dtype)
+        b = torch.randn(70, generator=g)
+        monkeypatch.setattr(cpu_kernels, "_threads_override", 2)
+        full = cpu_kernels.linear(x, w, b, isa=isa)
+        for M in (1, 2, 3, 4, 5):
+            for threads in (1, 3):
+                monkeypatch.setattr(cpu_kernels, "_threads_override", threads)
+                got = cpu_kernels.linear(x[:M], w, b, isa=isa)
+                assert torch.equal(got, full[:M]), (K, M, threads)
+
+
 def test_linear_rejects_bad_shapes():
     with pytest.raises(ValueError, match="multiple of 16"):
         cpu_kernels.linear(torch.randn(2, 20), torch.randn(3, 20))
