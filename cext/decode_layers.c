@@ -13,14 +13,18 @@
 int dp_decode_layers(const dp_decode_model *dm, float *hidden, int T, const int64_t *positions,
                      const int64_t *slots, const int32_t *block_tables, int max_blocks,
                      const int32_t *seq_lens, float *scratch, const uint32_t *peer_busy,
-                     int own_threads, int all_threads, int isa, double *attn_seconds) {
+                     int own_threads, int all_threads, int isa, double *attn_seconds,
+                     int layer_begin, uint32_t *const *pause_words, int n_pause,
+                     uint32_t pause_value, int *layers_done) {
     const dp_layer_dims *m = dm->m;
     const int Hq = m->num_heads, Hkv = m->num_kv_heads, D = m->head_dim;
-    if (T <= 0 || dm->n_layers <= 0 || own_threads <= 0 || all_threads < own_threads)
+    if (T <= 0 || dm->n_layers <= 0 || own_threads <= 0 || all_threads < own_threads ||
+        layer_begin < 0 || layer_begin >= dm->n_layers || n_pause < 0 || (n_pause && !pause_words))
         return -2;
     float *q = scratch, *attn = q + (int64_t)T * Hq * D, *work = attn + (int64_t)T * Hq * D;
     double t_attn = 0;
-    for (int l = 0; l < dm->n_layers; l++) {
+    int l = layer_begin;
+    for (; l < dm->n_layers; l++) {
         const int nt = peer_busy && __atomic_load_n(peer_busy, __ATOMIC_ACQUIRE)
                      ? own_threads : all_threads;
         int rc = dp_layer_pre(m, &dm->layers[l], hidden, T, positions, slots, dm->k_caches[l],
@@ -36,7 +40,14 @@ int dp_decode_layers(const dp_decode_model *dm, float *hidden, int T, const int6
         if (rc) return rc - 10;
         rc = dp_layer_post(m, &dm->layers[l], hidden, attn, T, hidden, work, isa, nt);
         if (rc) return rc;
+        /* a pause word raised (a Dense Assist request waiting, runtime/assist.py): back to
+         * the caller at this layer boundary, which serves it and calls again from l + 1 */
+        int raised = 0;
+        for (int i = 0; i < n_pause && l + 1 < dm->n_layers; i++)
+            raised |= __atomic_load_n(pause_words[i], __ATOMIC_ACQUIRE) == pause_value;
+        if (raised) { l++; break; }
     }
     if (attn_seconds) *attn_seconds = t_attn;
+    if (layers_done) *layers_done = l;
     return 0;
 }

@@ -100,12 +100,17 @@ typedef struct {
  * layer's pre-attention, paged attention over block_tables / seq_lens and post-attention.
  * scratch: T * (2 * num_heads * head_dim + max(hidden + qkv width, 2 * hidden + 3 *
  * intermediate)) floats. Threads per layer: own_threads while *peer_busy (NULL: never),
- * else all_threads. attn_seconds (may be NULL): the time in attention. 0, dp_layer_pre's or
- * dp_layer_post's codes, or dp_paged_decode_attention's minus 10. */
+ * else all_threads. attn_seconds (may be NULL): the time in attention. Runs layers from
+ * layer_begin; after a layer with more to go, returns early when any of the n_pause words
+ * holds pause_value. *layers_done (may be NULL): the layers done so far, begin included
+ * (n_layers when it ran to the end). 0, dp_layer_pre's or dp_layer_post's codes,
+ * dp_paged_decode_attention's minus 10, or -2 (bad arguments). */
 int dp_decode_layers(const dp_decode_model *dm, float *hidden, int T, const int64_t *positions,
                      const int64_t *slots, const int32_t *block_tables, int max_blocks,
                      const int32_t *seq_lens, float *scratch, const uint32_t *peer_busy,
-                     int own_threads, int all_threads, int isa, double *attn_seconds);
+                     int own_threads, int all_threads, int isa, double *attn_seconds,
+                     int layer_begin, uint32_t *const *pause_words, int n_pause,
+                     uint32_t pause_value, int *layers_done);
 
 /* The elementwise phases of the stages above alone, for prefill chunks whose projections run
  * as GEMMs elsewhere (model/native_stages.py). out [T, H] = RMSNorm(x [T, H]) * w. */

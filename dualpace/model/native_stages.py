@@ -296,11 +296,16 @@ class NativeStages:
         return dm[0]
 
     def decode_layers(self, hidden: torch.Tensor, batch, kv, scale: float,
-                      threads: tuple | None = None) -> tuple[torch.Tensor, float]:
+                      threads: tuple | None = None, pause: tuple | None = None
+                      ) -> tuple[torch.Tensor, float]:
         """Every layer of a decode step in one call (cext/decode_layers.c): hidden [T, H]
         after the last layer, and the seconds spent in attention. ``threads``: (the other
         tier's busy word, this worker's share, every core) of runtime/thread_share.py, the
-        count re-picked per layer; None: this process's thread count throughout."""
+        count re-picked per layer; None: this process's thread count throughout.
+        ``pause``: (words, value, serve): after a layer with more to go, when one of the
+        FutexWords holds value the call returns, serve() runs (the GPU worker's stage
+        boundary, which serves a waiting Dense Assist request) and the next call goes on
+        from the next layer, on the same fp32 hidden rows."""
         cfg, ffi = self.cfg, self.ffi
         T = hidden.shape[0]
         # a copy: the call works in place
@@ -309,28 +314,38 @@ class NativeStages:
         bt, sl = batch.block_tables.contiguous(), batch.seq_lens.contiguous()
         if bt.dtype != torch.int32 or sl.dtype != torch.int32 or bt.shape[0] != T:
             raise ValueError("decode_layers: a decode batch's int32 block tables and lengths")
+        positions = batch.positions.contiguous()
+        slots = batch.slot_mapping.contiguous()
         qn = cfg.num_heads * cfg.head_dim
         work = max(cfg.hidden_size + cfg.q_size + 2 * cfg.kv_size,
                    2 * cfg.hidden_size + 3 * cfg.intermediate_size)
         scratch = self._scratch_for(T * (2 * qn + work))
-        n = cpu_kernels.num_threads()
-        peer, own, total = threads if threads is not None else (ffi.NULL, n, n)
-        seconds = ffi.new("double *")
-        rc = self.lib.dp_decode_layers(
-            self._decode_model(kv, scale), _ptr(ffi, hidden), T,
-            _ptr(ffi, batch.positions.contiguous(), "int64_t *"),
-            _ptr(ffi, batch.slot_mapping.contiguous(), "int64_t *"),
-            _ptr(ffi, bt, "int32_t *"), bt.shape[1], _ptr(ffi, sl, "int32_t *"),
-            _ptr(ffi, scratch), peer, own, total, _isa_code(), seconds)
-        if rc:
-            if rc == -15:
-                raise MemoryError("decode_layers: out of memory for attention scratch")
-            if rc <= -10:
-                name, why = cpu_kernels.ATTENTION_ERRORS.get(
-                    rc + 10, ("kernel", f"attention failed with code {rc + 10}"))
-                raise ValueError(f"{name}: {why}")
-            raise ValueError(_ERRORS.get(rc, f"dp_decode_layers failed with code {rc}"))
-        return self._out(hidden), seconds[0]
+        dm = self._decode_model(kv, scale)
+        words, value, serve = pause if pause is not None else ((), 0, None)
+        word_ptrs = ffi.new("uint32_t *[]", [w.address for w in words] or [ffi.NULL])
+        seconds, done = ffi.new("double *"), ffi.new("int *")
+        total_seconds, begin = 0.0, 0
+        while True:
+            n = cpu_kernels.num_threads()
+            peer, own, total = threads if threads is not None else (ffi.NULL, n, n)
+            rc = self.lib.dp_decode_layers(
+                dm, _ptr(ffi, hidden), T, _ptr(ffi, positions, "int64_t *"),
+                _ptr(ffi, slots, "int64_t *"), _ptr(ffi, bt, "int32_t *"), bt.shape[1],
+                _ptr(ffi, sl, "int32_t *"), _ptr(ffi, scratch), peer, own, total, _isa_code(),
+                seconds, begin, word_ptrs, len(words), value, done)
+            if rc:
+                if rc == -15:
+                    raise MemoryError("decode_layers: out of memory for attention scratch")
+                if rc <= -10:
+                    name, why = cpu_kernels.ATTENTION_ERRORS.get(
+                        rc + 10, ("kernel", f"attention failed with code {rc + 10}"))
+                    raise ValueError(f"{name}: {why}")
+                raise ValueError(_ERRORS.get(rc, f"dp_decode_layers failed with code {rc}"))
+            total_seconds += seconds[0]
+            begin = done[0]
+            if begin >= len(self.layers):
+                return self._out(hidden), total_seconds
+            serve()
 
     def final(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """Final RMSNorm + LM head -> fp32 logits [T, V]."""

@@ -236,20 +236,21 @@ class StagedModel:
         return self.linear(x, self.w.lm_head, None).float()
 
     # --- compositions --------------------------------------------------------------------
-    def decode_layers(self, hidden: torch.Tensor, batch: ForwardBatch, kv
-                      ) -> tuple[torch.Tensor, float] | None:
+    def decode_layers(self, hidden: torch.Tensor, batch: ForwardBatch, kv,
+                      pause: tuple | None = None) -> tuple[torch.Tensor, float] | None:
         """Every layer of a decode step as one native call (native_stages.py): (hidden after
         the last layer, seconds in attention), or None where that call does not apply (no
         native stages, a prefill or a batch above NATIVE_MAX_ROWS, an attention other than
         the C kernel): the caller then runs ``layer`` by layer. Counts the attention calls
-        as ``attention`` does."""
+        as ``attention`` does. ``pause``: NativeStages.decode_layers' (words, value, serve)."""
         fn = self.decode_attention
         if (self.native is None or fn != self.native.decode_attention or not batch.is_decode
                 or hidden.shape[0] > NATIVE_MAX_ROWS):
             return None
         key = fn.__module__
         self.attention_calls[key] = self.attention_calls.get(key, 0) + self.cfg.num_layers
-        return self.native.decode_layers(hidden, batch, kv, self.scale, self.native_threads)
+        return self.native.decode_layers(hidden, batch, kv, self.scale, self.native_threads,
+                                         pause)
 
     def layer(self, i: int, hidden: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         q = self.pre_attention(i, hidden, batch, kv)

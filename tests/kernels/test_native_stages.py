@@ -265,6 +265,43 @@ def test_decode_layers_is_the_layer_loop_in_one_call(models, isa, kv_dtype):
     assert native.decode_layers(hidden, fb, kv_b) is not None  # a second call, cached model
 
 
+def test_decode_layers_pauses_at_layer_boundaries_for_a_raised_word(models, isa):
+    """With pause words (the GPU worker's Dense Assist states) the one-call decode step
+    returns to Python after each layer, but the last, at which one of them holds the value;
+    serve() runs there and the step goes on from the next layer. A word that never holds it
+    costs nothing; either way hidden rows and KV are those of the uninterrupted call."""
+    from dualpace.kernels.futex import FutexWord
+
+    cfg, native, _ = models
+    fb, blocks = _decode_batch(cfg, [3, 21, 9])
+    kvs = [_filled_kv(cfg, torch.float32, blocks) for _ in range(3)]
+    hidden = native.pre_layer(fb.input_ids)
+    want, _ = native.decode_layers(hidden, fb, kvs[0])
+    buf = bytearray(8)
+    quiet, raised = FutexWord(buf, 0), FutexWord(buf, 4)
+    served = []
+
+    def serve():
+        served.append(len(served))
+        if len(served) == 2:
+            raised.store(0)  # served: the word drops, the rest of the step runs in one go
+
+    quiet.store(0)
+    raised.store(7)
+    got, attn_s = native.decode_layers(hidden, fb, kvs[1], pause=([quiet, raised], 7, serve))
+    assert torch.equal(got, want) and attn_s > 0
+    assert len(served) == min(2, cfg.num_layers - 1)
+    raised.store(7)
+    served.clear()
+    native.decode_layers(hidden, fb, kvs[2], pause=([raised], 7, lambda: served.append(1)))
+    assert len(served) == cfg.num_layers - 1  # never after the last layer
+    served.clear()
+    got, _ = native.decode_layers(hidden, fb, kvs[2], pause=([quiet], 7, served.append))
+    assert served == []
+    for kv in kvs[1:2]:
+        assert all(torch.equal(a, b) for a, b in zip(kvs[0].k + kvs[0].v, kv.k + kv.v))
+
+
 def test_decode_layers_declines_what_it_cannot_run(models):
     cfg, native, plain = models
     fb, blocks = _decode_batch(cfg, [5])
