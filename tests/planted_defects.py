@@ -600,6 +600,12 @@ PLANTS = [
           "            for (int k = K - VW; k >= 0; k -= VW) {\n                const VEC wv = "
           "vload_w(wj",
           ("tests/kernels/test_linear.py::test_row_results_do_not_depend_on_the_batch",)),
+    Plant("decode-layers-never-pause", "the one-call decode step ignores a raised Dense Assist "
+          "word until its last layer", "cext/decode_layers.c",
+          "            raised |= __atomic_load_n(pause_words[i], __ATOMIC_ACQUIRE) == pause_value;",
+          "            raised |= 0;",
+          ("tests/kernels/test_native_stages.py::"
+           "test_decode_layers_pauses_at_layer_boundaries_for_a_raised_word",)),
     Plant("amx-drops-bias", "the AMX linear ignores its bias", "cext/linear_amx.c",
           "const float bv = bias ? bias[n0 + r] : 0.f;", "const float bv = 0.f;",
           ("tests/kernels/test_linear.py::test_linear_matches_torch",)),

@@ -236,6 +236,12 @@ class StagedModel:
         return self.linear(x, self.w.lm_head, None).float()
 
     # --- compositions --------------------------------------------------------------------
+    def runs_decode_layers(self, hidden: torch.Tensor, batch: ForwardBatch) -> bool:
+        """Whether ``decode_layers`` runs this step (else it returns None)."""
+        return (self.native is not None
+                and self.decode_attention == self.native.decode_attention
+                and batch.is_decode and hidden.shape[0] <= NATIVE_MAX_ROWS)
+
     def decode_layers(self, hidden: torch.Tensor, batch: ForwardBatch, kv,
                       pause: tuple | None = None) -> tuple[torch.Tensor, float] | None:
         """Every layer of a decode step as one native call (native_stages.py): (hidden after
@@ -243,11 +249,9 @@ class StagedModel:
         native stages, a prefill or a batch above NATIVE_MAX_ROWS, an attention other than
         the C kernel): the caller then runs ``layer`` by layer. Counts the attention calls
         as ``attention`` does. ``pause``: NativeStages.decode_layers' (words, value, serve)."""
-        fn = self.decode_attention
-        if (self.native is None or fn != self.native.decode_attention or not batch.is_decode
-                or hidden.shape[0] > NATIVE_MAX_ROWS):
+        if not self.runs_decode_layers(hidden, batch):
             return None
-        key = fn.__module__
+        key = self.decode_attention.__module__
         self.attention_calls[key] = self.attention_calls.get(key, 0) + self.cfg.num_layers
         return self.native.decode_layers(hidden, batch, kv, self.scale, self.native_threads,
                                          pause)

@@ -413,8 +413,8 @@ class GpuWorker:
     def _eager(self, fb, kv, staging_tables, seqs, mig_fences) -> torch.Tensor:
         m = self.model
         hidden = m.pre_layer(fb.input_ids)
-        if staging_tables is None and not mig_fences and (
-                not self.assist_reachable or self.decisions is None):
+        if (staging_tables is None and not mig_fences and m.runs_decode_layers(hidden, fb)
+                and (not self.assist_reachable or self.decisions is None)):
             # no swap to wait for between layers: one native call for all of them where it
             # applies (StagedModel.decode_layers). With assists reachable (one rank) the
             # call returns at a layer boundary where an assist request waits, the boundary
@@ -425,10 +425,9 @@ class GpuWorker:
             if self.assist_reachable:
                 self.boundary()
                 pause = ([ch.state for ch in self.channels], ASSIST_CPU_READY, self.boundary)
-            fused = m.decode_layers(hidden, fb, kv, pause)
-            if fused is not None:
-                self.boundary()
-                return fused[0]
+            hidden = m.decode_layers(hidden, fb, kv, pause)[0]
+            self.boundary()
+            return hidden
         self.boundary()
         fences = []  # staging only: fences[i] covers layer i's copies out of its buffer
         for i in range(m.cfg.num_layers):
