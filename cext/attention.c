@@ -82,7 +82,7 @@ int dp_paged_decode_attention(
     int oom = 0;
 #pragma omp parallel num_threads(nt)
     {
-        float *ws = malloc(sizeof(float) * ((size_t)hmax * G * D + 2 * (size_t)G * BS + D));
+        float *ws = malloc(sizeof(float) * ((size_t)hmax * G * D + (size_t)dp_attn_scores_floats(G, BS) + D));
         if (!ws) {
 #pragma omp atomic write
             oom = 1;

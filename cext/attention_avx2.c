@@ -81,6 +81,40 @@ static inline __attribute__((always_inline)) void vreduce_many(const VEC *v, int
         for (int i = 0; i < n; i++) out[i] = tmp[i];
     }
 }
+/* The softmax's lane moves (attention_simd.h). */
+static inline __attribute__((always_inline)) VEC vswap(VEC v, int k) {
+    switch (k) {
+    case 4: return _mm256_permute2f128_ps(v, v, 1);
+    case 2: return _mm256_permute_ps(v, 0x4E);
+    default: return _mm256_permute_ps(v, 0xB1);
+    }
+}
+static inline __attribute__((always_inline)) __m256 lanes_below(int n) {
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+        _mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+}
+static inline __attribute__((always_inline)) VEC vload_rep(const float *p, int G) {
+    switch (G) {
+    case 8: return _mm256_loadu_ps(p);
+    case 4: return _mm256_broadcast_ps((const __m128 *)p);
+    case 2: return _mm256_castpd_ps(_mm256_broadcast_sd((const double *)p));
+    default: return _mm256_broadcast_ss(p);
+    }
+}
+static inline __attribute__((always_inline)) void vstore_first(float *p, VEC v, int G) {
+    _mm256_maskstore_ps(p, _mm256_castps_si256(lanes_below(G)), v);
+}
+static inline __attribute__((always_inline)) VEC vload_tail(const float *p, int n, float f) {
+    const __m256 live = lanes_below(n);
+    return _mm256_blendv_ps(_mm256_set1_ps(f),
+                            _mm256_maskload_ps(p, _mm256_castps_si256(live)), live);
+}
+static inline __attribute__((always_inline)) VEC vzero_tail(VEC v, int n) {
+    return _mm256_and_ps(v, lanes_below(n));
+}
+static inline __attribute__((always_inline)) int vany_ne(VEC a, VEC b) {
+    return _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_NEQ_UQ)) != 0;
+}
 /* bf16 pairs (attention_simd.h): 16 bf16 as fp32, the even (half 0) or odd (half 1) ones. */
 static inline __attribute__((always_inline)) VEC vbf16_half(const char *p, int half) {
     const __m256i x = _mm256_loadu_si256((const __m256i *)p);

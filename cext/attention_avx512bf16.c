@@ -33,26 +33,24 @@
 #define BF_QK_GT 4  /* the most heads in one QK tile, as QK_GT */
 #define BF_PV_ACC 16  /* PV accumulators a pass: 2 (lo / hi) per head and chunk */
 
-/* s[g*BS + t] = scale * the lane sum of acc[t][g], t < TT, g < G, TT * G <= 16: one tree,
- * then each head's TT scores as one masked store (the AVX-512 item's store_scores reads the
- * sums back from memory one by one, which it measured no slower; here the scale is one more
- * multiply on the vector). */
+/* s[t*ss + g] = scale * the lane sum of acc[t][g], t < TT, g < G, TT * G <= 16 (scores
+ * token-major, ss the whole group's size): one tree, then one masked store, or one a token
+ * when the tile holds a slice of the group. */
 static inline __attribute__((always_inline)) void vstore_scores(
-    const VEC *flat, int TT, int G, float scale, float *s, int BS) {
+    const VEC *flat, int TT, int G, float scale, float *s, int ss) {
     const __m512 r = _mm512_mul_ps(vreduce_many_v(flat, TT * G), _mm512_set1_ps(scale));
-    int idx[16] = {0};
-    for (int g = 0; g < G; g++)
-        for (int t = 0; t < TT; t++) idx[g * TT + t] = t * G + g;
-    const __m512 by_head = _mm512_permutexvar_ps(_mm512_loadu_si512(idx), r);
-    for (int g = 0; g < G; g++)  /* lanes g*TT.. land at s + g*BS */
-        _mm512_mask_storeu_ps(s + g * (BS - TT), (__mmask16)(((1u << TT) - 1u) << (g * TT)),
-                              by_head);
+    if (G == ss) {
+        _mm512_mask_storeu_ps(s, lanes_below(TT * G), r);
+        return;
+    }
+    for (int t = 0; t < TT; t++)  /* lanes t*G.. land at s + t*ss */
+        _mm512_mask_storeu_ps(s + t * (ss - G), (__mmask16)(((1u << G) - 1u) << (t * G)), r);
 }
 /* s[g*BS + t] = scale * <q head g, k[t]> for a tile of TT keys and G heads. q is bf16,
  * chunk-major: chunk c of head g at q[c * qs + g * BF_CH]. */
 static inline __attribute__((always_inline)) void qk_tile_bf(
     const uint16_t *q, int qs, const char *k, int64_t row, int nch, int G, int TT, float *s,
-    int BS, float scale, int pf, int64_t nxt) {
+    int ss, float scale, int pf, int64_t nxt) {
     VEC acc[4][BF_QK_GT];
     for (int t = 0; t < TT; t++)
         for (int g = 0; g < G; g++) acc[t][g] = vzero();
@@ -73,30 +71,30 @@ static inline __attribute__((always_inline)) void qk_tile_bf(
     VEC flat[4 * BF_QK_GT];
     for (int t = 0; t < TT; t++)
         for (int g = 0; g < G; g++) flat[t * G + g] = acc[t][g];
-    vstore_scores(flat, TT, G, scale, s, BS);
+    vstore_scores(flat, TT, G, scale, s, ss);
 }
 
 static inline __attribute__((always_inline)) void qk_block_bf(
-    const uint16_t *q, const char *k, int64_t row, int n, int nch, int G, float *s, int BS,
+    const uint16_t *q, const char *k, int64_t row, int n, int nch, int G, float *s,
     float scale, int64_t nxt) {
     for (int g0 = 0; g0 < G; g0 += BF_QK_GT) {
         const int gn = G - g0 < BF_QK_GT ? G - g0 : BF_QK_GT, TT = QK_TT(gn);
         const uint16_t *qg = q + g0 * BF_CH;
         int t = 0;
         for (; t + TT <= n; t += TT)
-            qk_tile_bf(qg, G * BF_CH, k + t * row, row, nch, gn, TT, s + g0 * BS + t, BS,
+            qk_tile_bf(qg, G * BF_CH, k + t * row, row, nch, gn, TT, s + t * G + g0, G,
                        scale, g0 == 0, nxt);
         for (; t < n; t++)
-            qk_tile_bf(qg, G * BF_CH, k + t * row, row, nch, gn, 1, s + g0 * BS + t, BS,
+            qk_tile_bf(qg, G * BF_CH, k + t * row, row, nch, gn, 1, s + t * G + g0, G,
                        scale, g0 == 0, nxt);
     }
 }
 
-/* One PV pass over the block's n tokens: heads [g0, g0 + gn), chunks [c0, c0 + DCH).
- * pb[g * PBS + t]: head g's bf16 probabilities, zero from n on, so that the 32-bit word at
- * t = 2j is the pair (p[2j], p[2j + 1]). acc[g * D ..] in pv order. */
+/* One PV pass over the block's n tokens: heads [g0, g0 + gn) of G, chunks [c0, c0 + DCH).
+ * pw[j * G + g]: head g's probabilities of tokens 2j and 2j + 1 as a bf16 pair in one 32-bit
+ * word (to_bf16_pairs). acc[g * D ..] in pv order. */
 static inline __attribute__((always_inline)) void pv_pass_bf(
-    float *acc, const uint16_t *pb, int PBS, const char *v, int64_t row, int n, int D,
+    float *acc, const uint32_t *pw, int G, const char *v, int64_t row, int n, int D,
     int g0, int gn, int c0, const int DCH, int64_t nxt) {
     VEC a[BF_PV_ACC];
     for (int c = 0; c < DCH; c++)
@@ -105,9 +103,10 @@ static inline __attribute__((always_inline)) void pv_pass_bf(
                 a[(c * gn + g) * 2 + h] =
                     vloadu(acc + (int64_t)(g0 + g) * D + (c0 + c) * BF_CH + h * VW);
     const char *vt = v + (int64_t)c0 * BF_CH * 2;
-    for (int t = 0; t < n; t += 2, vt += 2 * row) {
-        int32_t w[8];
-        for (int g = 0; g < gn; g++) memcpy(&w[g], pb + (g0 + g) * PBS + t, 4);
+    const uint32_t *pt = pw + g0;
+    for (int t = 0; t < n; t += 2, vt += 2 * row, pt += G) {
+        uint32_t w[8];
+        for (int g = 0; g < gn; g++) w[g] = pt[g];
         for (int c = 0; c < DCH; c++) {
             if (g0 == 0) {  /* as attention_simd.h's pv_pass: the lines this pass reads */
                 prefetch_next(vt + c * BF_CH * 2, nxt);
@@ -119,7 +118,7 @@ static inline __attribute__((always_inline)) void pv_pass_bf(
             const __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(r0, r1);
             const __m512bh hi = (__m512bh)_mm512_unpackhi_epi16(r0, r1);
             for (int g = 0; g < gn; g++) {
-                const __m512bh wv = (__m512bh)_mm512_set1_epi32(w[g]);
+                const __m512bh wv = (__m512bh)_mm512_set1_epi32((int)w[g]);
                 VEC *ag = a + (c * gn + g) * 2;
                 ag[0] = _mm512_dpbf16_ps(ag[0], lo, wv);
                 ag[1] = _mm512_dpbf16_ps(ag[1], hi, wv);
@@ -134,7 +133,7 @@ static inline __attribute__((always_inline)) void pv_pass_bf(
 }
 
 static inline __attribute__((always_inline)) void pv_block_bf(
-    float *acc, const uint16_t *pb, int PBS, const char *v, int64_t row, int n, int D, int G,
+    float *acc, const uint32_t *pw, const char *v, int64_t row, int n, int D, int G,
     int64_t nxt) {
     const int nch = D / BF_CH;
     for (int g0 = 0; g0 < G; g0 += 8) {
@@ -142,11 +141,11 @@ static inline __attribute__((always_inline)) void pv_block_bf(
         const int DCH = BF_PV_ACC / 2 / gn;  /* 1 (G = 8) to 8 (G = 1) chunks a pass */
         int c0 = 0;
         for (; c0 + DCH <= nch; c0 += DCH)
-            pv_pass_bf(acc, pb, PBS, v, row, n, D, g0, gn, c0, DCH, nxt);
+            pv_pass_bf(acc, pw, G, v, row, n, D, g0, gn, c0, DCH, nxt);
         switch (nch - c0) {  /* the rest in one pass with as many accumulators as it needs */
 #define DP_PV_REST(r) \
         case r: \
-            if ((r) < DCH) pv_pass_bf(acc, pb, PBS, v, row, n, D, g0, gn, c0, (r), nxt); \
+            if ((r) < DCH) pv_pass_bf(acc, pw, G, v, row, n, D, g0, gn, c0, (r), nxt); \
             break;
         DP_PV_REST(1) DP_PV_REST(2) DP_PV_REST(3) DP_PV_REST(4) DP_PV_REST(5) DP_PV_REST(6)
         DP_PV_REST(7)
@@ -156,50 +155,64 @@ static inline __attribute__((always_inline)) void pv_block_bf(
     }
 }
 
-/* x[0..n) as bf16 at out, zeros from n to the next multiple of 16. */
-static inline __attribute__((always_inline)) void to_bf16(const float *x, int n, uint16_t *out) {
-    for (int i = 0; i < n; i += VW) {
-        const __mmask16 live = n - i >= VW ? 0xffff : (__mmask16)((1u << (n - i)) - 1u);
-        const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(live, x + i));
-        _mm256_storeu_si256((__m256i *)(out + i), (__m256i)h);
+/* pw[j * G + g] = head g's probabilities of tokens 2j and 2j + 1 (p token-major, p[t * G +
+ * g]) rounded to bf16, as one 32-bit word (low half token 2j), j < ceil(n / 2), with a zero
+ * partner for an odd last token. For G dividing 16, 32 probabilities (32 / G tokens) at a
+ * time: two conversions and one 16-bit permute, the tokens of each pair side by side. */
+static inline __attribute__((always_inline)) void to_bf16_pairs(const float *p, int n, int G,
+                                                               uint32_t *pw) {
+    const int ne = n * G;
+    if (16 % G == 0) {
+        uint16_t idx[32];
+        for (int o = 0; o < 32; o++) {  /* output o: pair o / 2G, head o % 2G / 2, token o % 2 */
+            const int pr = o / (2 * G), g = o % (2 * G) / 2, tt = o % 2;
+            idx[o] = (uint16_t)((2 * pr + tt) * G + g);
+        }
+        const __m512i perm = _mm512_loadu_si512(idx);
+        /* lanes past the block load as zero: the PV pairs an odd last token with a zero V
+         * row, and 0 * a stale NaN in the workspace would still be NaN (2G divides 32 and an
+         * odd n * G is not a multiple of 2G, so the chunks reach that partner) */
+        for (int i = 0; i < ne; i += 32) {
+            const __m512 lo = _mm512_maskz_loadu_ps(lanes_below(ne - i), p + i);
+            const __m512 hi = _mm512_maskz_loadu_ps(lanes_below(ne - i - 16 > 0 ? ne - i - 16 : 0),
+                                                    p + i + 16);
+            const __m512i b = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+            _mm512_storeu_si512(pw + i / 2, _mm512_permutexvar_epi16(perm, b));
+        }
+        return;
     }
+    for (int j = 0; 2 * j < n; j++)
+        for (int g = 0; g < G; g++) {
+            const uint32_t a = dp_f32_to_bf16(p[2 * j * G + g]);
+            const uint32_t b = 2 * j + 1 < n ? dp_f32_to_bf16(p[(2 * j + 1) * G + g]) : 0;
+            pw[j * G + g] = a | b << 16;
+        }
 }
 
 /* One block (n rows) of one KV head: QK, the online softmax of the group's G heads (as
- * attention_body.h's), the probabilities to bf16, PV. */
+ * attention_body.h's), the probabilities to bf16 pairs, PV. */
 static inline __attribute__((always_inline)) void block_head_bf(
-    const char *kp, const char *vp, int n, int D, int BS, const uint16_t *qb, float scale,
-    float *m, float *l, float *acc, float *s, uint16_t *pb, int PBS, int64_t nxt,
-    const int G) {
+    const char *kp, const char *vp, int n, int D, const uint16_t *qb, float scale,
+    float *m, float *l, float *acc, float *s, uint32_t *pw, int64_t nxt, const int G) {
     const int64_t row = (int64_t)D * 2;
-    qk_block_bf(qb, kp, row, n, D / BF_CH, G, s, BS, scale, nxt);
-    for (int g = 0; g < G; g++) {
-        float *sg = s + g * BS;
-        const float bm = prim_max(sg, n);
-        const float mn = bm > m[g] ? bm : m[g];
-        if (m[g] != -INFINITY && mn != m[g]) {
-            const float c = expf(m[g] - mn);
-            l[g] *= c;
-            prim_scale(acc + (int64_t)g * D, c, D);
-        }
-        l[g] += prim_exp_sub(sg, n, mn);
-        m[g] = mn;
-        to_bf16(sg, n, pb + g * PBS);  /* zeros from n: an odd last pair's partner */
-    }
-    pv_block_bf(acc, pb, PBS, vp, row, n, D, G, nxt);
+    qk_block_bf(qb, kp, row, n, D / BF_CH, G, s, scale, nxt);
+    prim_softmax(s, n, G, m, l, acc, D);
+    to_bf16_pairs(s, n, G, pw);
+    pv_block_bf(acc, pw, vp, row, n, D, G, nxt);
 }
 
-/* ws (floats): q (nh * G * D / 2), the scores (G * BS), the probabilities in bf16
- * (G * PBS / 2, PBS = BS rounded up to 16): within the driver's allotment. */
+/* ws (floats): q (nh * G * D / 2), then the scores region (dp_attn_scores_floats): the
+ * token-major scores (G * BS, and the softmax's last vector up to 16 past them), the bf16
+ * probability pairs (at most G * BS / 2 + 16 words). */
 static inline __attribute__((always_inline)) void item_bf(
     const dp_attn_args *a, int b, int h0, int h1, int t0, int t1, float *m, float *l,
     float *acc, float *ws, const int G) {
     const int D = a->D, BS = a->BS, Hkv = a->Hkv, nch = D / BF_CH;
     const int64_t row = (int64_t)D * 2, head_bytes = (int64_t)BS * row;
-    const int nh = h1 - h0, PBS = (BS + VW - 1) / VW * VW;
+    const int nh = h1 - h0;
     uint16_t *qb = (uint16_t *)ws;             /* [nh][nch][G][32] q, unscaled */
-    float *s = ws + (int64_t)nh * G * D / 2;   /* [G, BS] scores of one block and head */
-    uint16_t *pb = (uint16_t *)(s + G * BS);   /* [G, PBS] the probabilities */
+    float *s = ws + (int64_t)nh * G * D / 2;   /* [BS, G] scores of one block and head */
+    uint32_t *pw = (uint32_t *)(s + G * BS + 16);  /* [ceil(BS / 2), G] probability pairs */
     const uint16_t *q = (const uint16_t *)a->q + ((int64_t)b * a->Hq + (int64_t)h0 * G) * D;
     for (int h = 0; h < nh; h++)
         for (int g = 0; g < G; g++)
@@ -215,8 +228,8 @@ static inline __attribute__((always_inline)) void item_bf(
         for (int h = 0; h < nh; h++) {
             const int64_t hb = base + h * head_bytes;
             block_head_bf((const char *)a->k_cache + hb, (const char *)a->v_cache + hb, n, D,
-                          BS, qb + (int64_t)h * G * D, a->scale, m + h * G, l + h * G,
-                          acc + (int64_t)h * G * D, s, pb, PBS, nxt, G);
+                          qb + (int64_t)h * G * D, a->scale, m + h * G, l + h * G,
+                          acc + (int64_t)h * G * D, s, pw, nxt, G);
         }
         t += n;
     }

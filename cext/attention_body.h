@@ -3,17 +3,19 @@
  * and DP_QVW, the width of q's chunks: q holds a group's G query rows chunk-major, chunk c
  * (DP_QVW elements) of head g at q[(c * G + g) * DP_QVW], so that a tile reaches every
  * head's chunk from one pointer.
- *   prim_qk_block(q, k, row, n, dtype, D, G, s, BS, nxt)
- *                                                  s[g*BS+t] = <q head g, k[t]>, t < n, and
+ *   prim_qk_block(q, k, row, n, dtype, D, G, s, nxt)
+ *                                                  s[t*G+g] = <q head g, k[t]>, t < n, and
  *                                                  a prefetch of the K rows nxt bytes on
+ *   prim_softmax(s, n, G, m, l, acc, D)            the online-softmax update of the block
+ *                                                  (attention_softmax.h), s to probabilities
  *   prim_pv_block(acc, p, v, row, n, dtype, D, G, nxt)
  *                                                  acc[g*D..] += sum_t p[t*G+g] v[t], and
  *                                                  a prefetch of the V rows nxt bytes on
- *   prim_max(s, n) -> max of s[0..n)
- *   prim_scale(x, c, n)                            x *= c
- *   prim_exp_sub(s, n, m) -> sum                   s = exp(s - m), returns the sum
  * Online softmax (one pass over KV) per KV block and GQA group, so that each K/V row read
- * from memory serves every query head that shares it.
+ * from memory serves every query head that shares it. The scores are token-major from QK to
+ * PV: PV wants each token's G weights side by side, and the softmax vectorizes across the
+ * group's heads in that order (before, head-major scores cost a horizontal max and sum per
+ * head and block, scalar bookkeeping, and a scalar transpose for PV).
  *
  * An item walks its tokens block by block, and each block through its range of KV heads.
  * The cache is [num_blocks, Hkv, BS, D]: a block's heads lie side by side, so an item over
@@ -27,39 +29,22 @@
  * the online-softmax update of the group's G query heads, PV. */
 static inline __attribute__((always_inline)) void block_head(
     const dp_attn_args *a, const char *kp, const char *vp, int n, const float *qf,
-    float *m, float *l, float *acc, float *s, float *pt, int64_t nxt,
-    const int G, const int kvdt, const int pairs) {
-    const int D = a->D, BS = a->BS;
+    float *m, float *l, float *acc, float *s, int64_t nxt, const int G, const int kvdt,
+    const int pairs) {
+    const int D = a->D;
     const int64_t row = (int64_t)D * dp_elem_size(kvdt);
 #ifdef DP_HAVE_PAIRS
-    if (pairs) prim_qk_block_pairs(qf, kp, row, n, D, G, s, BS, nxt);
+    if (pairs) prim_qk_block_pairs(qf, kp, row, n, D, G, s, nxt);
     else
 #endif
-    prim_qk_block(qf, kp, row, n, kvdt, D, G, s, BS, nxt);
+    prim_qk_block(qf, kp, row, n, kvdt, D, G, s, nxt);
     (void)pairs;
-    for (int g = 0; g < G; g++) {
-        const float bm = prim_max(s + g * BS, n);
-        const float mn = bm > m[g] ? bm : m[g];
-        if (m[g] != -INFINITY && mn != m[g]) {
-            const float c = expf(m[g] - mn);
-            l[g] *= c;
-            prim_scale(acc + (int64_t)g * D, c, D);
-        }
-        l[g] += prim_exp_sub(s + g * BS, n, mn);
-        m[g] = mn;
-    }
-    /* PV wants each token's G weights side by side (attention_simd.h) */
-    const float *w = s;
-    if (G > 1) {
-        for (int t = 0; t < n; t++)
-            for (int g = 0; g < G; g++) pt[t * G + g] = s[g * BS + t];
-        w = pt;
-    }
+    prim_softmax(s, n, G, m, l, acc, D);
 #ifdef DP_HAVE_PAIRS
-    if (pairs) prim_pv_block_pairs(acc, w, vp, row, n, D, G, nxt);
+    if (pairs) prim_pv_block_pairs(acc, s, vp, row, n, D, G, nxt);
     else
 #endif
-    prim_pv_block(acc, w, vp, row, n, kvdt, D, G, nxt);
+    prim_pv_block(acc, s, vp, row, n, kvdt, D, G, nxt);
 }
 
 static inline __attribute__((always_inline)) void item_impl(
@@ -70,15 +55,16 @@ static inline __attribute__((always_inline)) void item_impl(
     const int64_t head_bytes = (int64_t)BS * row;          /* one block of one KV head */
     const int nh = h1 - h0;
     float *qf = ws;                       /* [nh][D / DP_QVW][G][DP_QVW] q, pre-scaled */
-    float *s = ws + (int64_t)nh * G * D;  /* [G, BS] scores of one block and head */
-    float *pt = s + G * BS;               /* [BS, G] the same after the softmax */
+    /* [BS, G] scores of one block and head, then its probabilities (dp_attn_scores_floats:
+     * the softmax's vectors may run past BS * G) */
+    float *s = ws + (int64_t)nh * G * D;
     const int64_t q0 = ((int64_t)b * a->Hq + (int64_t)h0 * G) * D;
     int pairs = 0;
 #ifdef DP_HAVE_PAIRS
     /* bf16 KV whose rows split into whole pairs of vectors: the even/odd order. */
     pairs = kvdt == DP_BF16 && D % (2 * VW) == 0 && G <= DP_BF16_PAIRS_MAX_G;
 #endif
-    float *qrow = pt + G * BS;            /* [D] one query row in fp32 */
+    float *qrow = s + dp_attn_scores_floats(G, BS);  /* [D] one query row in fp32 */
     for (int h = 0; h < nh; h++)
         for (int g = 0; g < G; g++) {
             dp_load_row(a->q, a->q_dtype, q0 + ((int64_t)h * G + g) * D, D, a->scale, qrow);
@@ -105,7 +91,7 @@ static inline __attribute__((always_inline)) void item_impl(
             const int64_t hb = base + h * head_bytes;
             block_head(a, (const char *)a->k_cache + hb, (const char *)a->v_cache + hb, n,
                        qf + (int64_t)h * G * D, m + h * G, l + h * G, acc + (int64_t)h * G * D,
-                       s, pt, nxt, G, kvdt, pairs);
+                       s, nxt, G, kvdt, pairs);
         }
         t += n;
     }

@@ -1,16 +1,17 @@
 /* Portable reference path: plain C, any x86-64 or other CPU. */
 #include <math.h>
 #include "dp_internal.h"
+#include "attention_softmax.h"
 
 static inline __attribute__((always_inline)) void prim_qk_block(
-    const float *q, const char *k, int64_t row, int n, int dtype, int D, int G, float *s, int BS,
+    const float *q, const char *k, int64_t row, int n, int dtype, int D, int G, float *s,
     int64_t nxt) {
     (void)nxt;  /* the portable path leaves prefetching to the hardware */
     for (int t = 0; t < n; t++)
         for (int g = 0; g < G; g++) {
             float acc = 0.f;
             for (int d = 0; d < D; d++) acc += q[d * G + g] * dp_load_elem(k + t * row, dtype, d);
-            s[g * BS + t] = acc;
+            s[t * G + g] = acc;
         }
 }
 static inline __attribute__((always_inline)) void prim_pv_block(
@@ -23,18 +24,9 @@ static inline __attribute__((always_inline)) void prim_pv_block(
             for (int g = 0; g < G; g++) acc[g * D + d] += p[t * G + g] * vd;
         }
 }
-static inline __attribute__((always_inline)) float prim_max(const float *s, int n) {
-    float r = s[0];
-    for (int i = 1; i < n; i++) r = s[i] > r ? s[i] : r;
-    return r;
-}
-static inline __attribute__((always_inline)) void prim_scale(float *x, float c, int n) {
-    for (int i = 0; i < n; i++) x[i] *= c;
-}
-static inline __attribute__((always_inline)) float prim_exp_sub(float *s, int n, float m) {
-    float sum = 0.f;
-    for (int i = 0; i < n; i++) { s[i] = expf(s[i] - m); sum += s[i]; }
-    return sum;
+static inline __attribute__((always_inline)) void prim_softmax(
+    float *s, int n, int G, float *m, float *l, float *acc, int D) {
+    dp_softmax_strided(s, n, G, m, l, acc, D);
 }
 
 #define DP_QVW 1  /* q chunk-major with 1-wide chunks: element d of head g at q[d * G + g] */

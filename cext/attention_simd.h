@@ -4,9 +4,14 @@
  *   budget), and the inline functions
  *   vzero() vset1(f) vloadu(p) vstoreu(p, v) vload_w(p, dtype) vfma(a, b, c) vmul(a, b)
  *   vsub(a, b) vadd(a, b) vmax(a, b) vexp(x) (x <= 0) vreduce_add(v) vreduce_max(v)
- *   vreduce_many(v, n, out) (out[i] = lane sum of v[i], i < n <= VW).
+ *   vreduce_many(v, n, out) (out[i] = lane sum of v[i], i < n <= VW),
+ *   and for the softmax across a group's heads (G a power of two dividing VW):
+ *   vswap(v, k) (lane i gets lane i ^ k, k a power of two < VW), vload_rep(p, G) (lane i =
+ *   p[i % G]), vstore_first(p, v, G) (lanes < G to p), vload_tail(p, n, f) (lanes < n from
+ *   p, the rest f), vzero_tail(v, n) (lanes from n zeroed), vany_ne(a, b).
  * Tails shorter than VW (a partial last block) take the scalar loop. */
 #include <math.h>
+#include "attention_softmax.h"
 
 #define DP_QVW VW  /* q's chunk width (attention_body.h) */
 
@@ -14,18 +19,21 @@
 #define QK_GT 4  /* the most heads in one QK tile (prim_qk_block) */
 #endif
 
-/* s[g*BS + t] = the lane sum of acc[t][g]: all TT x G dot products of a tile reduced
- * together, VW vectors per tree. */
+/* s[t*ss + g] = the lane sum of acc[t][g] (scores token-major, ss the whole group's size):
+ * all TT x G dot products of a tile reduced together, VW vectors per tree, and stored in
+ * place when the tile holds the whole group. */
 static inline __attribute__((always_inline)) void store_scores(
-    VEC acc[4][QK_GT], int TT, int G, float *s, int BS) {
+    VEC acc[4][QK_GT], int TT, int G, float *s, int ss) {
     VEC flat[4 * QK_GT];
     float sums[4 * QK_GT];
     for (int t = 0; t < TT; t++)
         for (int g = 0; g < G; g++) flat[t * G + g] = acc[t][g];
     const int n = TT * G;
-    for (int i = 0; i < n; i += VW) vreduce_many(flat + i, n - i < VW ? n - i : VW, sums + i);
-    for (int t = 0; t < TT; t++)
-        for (int g = 0; g < G; g++) s[g * BS + t] = sums[t * G + g];
+    float *out = G == ss ? s : sums;
+    for (int i = 0; i < n; i += VW) vreduce_many(flat + i, n - i < VW ? n - i : VW, out + i);
+    if (G != ss)
+        for (int t = 0; t < TT; t++)
+            for (int g = 0; g < G; g++) s[t * ss + g] = sums[t * G + g];
 }
 
 /* The next block's line, prefetched beside this block's: nxt is the byte distance from a
@@ -46,7 +54,7 @@ static inline __attribute__((always_inline)) void prefetch_next(const char *line
  * pointers went to the stack and were reloaded every chunk. */
 static inline __attribute__((always_inline)) void qk_tile(
     const float *q, int qs, const char *k, int64_t row, int dtype, int D, int G, int TT,
-    float *s, int BS, int pf, int64_t nxt) {
+    float *s, int ss, int pf, int64_t nxt) {
     const int esz = dp_elem_size(dtype);
     VEC acc[4][QK_GT];
     for (int t = 0; t < TT; t++)
@@ -63,7 +71,7 @@ static inline __attribute__((always_inline)) void qk_tile(
             for (int t = 0; t < TT; t++) acc[t][g] = vfma(qv, kv[t], acc[t][g]);
         }
     }
-    store_scores(acc, TT, G, s, BS);
+    store_scores(acc, TT, G, s, ss);
 }
 
 /* Several tokens per pass: each q chunk loaded once serves TT keys. A group of more than
@@ -72,15 +80,15 @@ static inline __attribute__((always_inline)) void qk_tile(
  * whose 16 FMAs a chunk each took their q operand from memory. The first slice prefetches. */
 static inline __attribute__((always_inline)) void prim_qk_block(
     const float *q, const char *k, int64_t row, int n, int dtype, int D, int G, float *s,
-    int BS, int64_t nxt) {
+    int64_t nxt) {
     for (int g0 = 0; g0 < G; g0 += QK_GT) {
         const int gn = G - g0 < QK_GT ? G - g0 : QK_GT, TT = QK_TT(gn);
         int t = 0;
         for (; t + TT <= n; t += TT)
             qk_tile(q + g0 * VW, G * VW, k + t * row, row, dtype, D, gn, TT,
-                    s + g0 * BS + t, BS, g0 == 0, nxt);
+                    s + t * G + g0, G, g0 == 0, nxt);
         for (; t < n; t++)
-            qk_tile(q + g0 * VW, G * VW, k + t * row, row, dtype, D, gn, 1, s + g0 * BS + t, BS,
+            qk_tile(q + g0 * VW, G * VW, k + t * row, row, dtype, D, gn, 1, s + t * G + g0, G,
                     g0 == 0, nxt);
     }
 }
@@ -179,32 +187,62 @@ static inline __attribute__((always_inline)) void prim_pv_block(
     pv_passes(acc, p, v, row, n, dtype, D, G, 0, nxt);
 }
 
-static inline __attribute__((always_inline)) float prim_max(const float *s, int n) {
-    VEC m = vset1(-INFINITY);
-    int i = 0;
-    for (; i + VW <= n; i += VW) m = vmax(m, vloadu(s + i));
-    float r = vreduce_max(m);
-    for (; i < n; i++) r = s[i] > r ? s[i] : r;
-    return r;
-}
-
 static inline __attribute__((always_inline)) void prim_scale(float *x, float c, int n) {
     const VEC cv = vset1(c);
     for (int i = 0; i < n; i += VW) vstoreu(x + i, vmul(vloadu(x + i), cv));
 }
 
-static inline __attribute__((always_inline)) float prim_exp_sub(float *s, int n, float m) {
-    const VEC mv = vset1(m);
+/* vswap folds: after them each lane holds the reduction over the lanes of its head (lane
+ * i is head i % G), every head at once. */
+static inline __attribute__((always_inline)) VEC fold_max(VEC v, int G) {
+    for (int k = VW / 2; k >= G; k /= 2) v = vmax(v, vswap(v, k));
+    return v;
+}
+static inline __attribute__((always_inline)) VEC fold_add(VEC v, int G) {
+    for (int k = VW / 2; k >= G; k /= 2) v = vadd(v, vswap(v, k));
+    return v;
+}
+
+/* The block's online-softmax update (attention_softmax.h) for the whole group at once. With
+ * scores token-major and G dividing VW, a vector holds VW / G tokens of every head, lane i
+ * head i % G: the block's max and sum per head are vertical maxes and adds over its
+ * n * G / VW vectors and log2(VW / G) folds, with one vector exp a vector of scores and one
+ * for the group's corrections, where a head at a time took a horizontal max, a horizontal
+ * sum and a scalar expf per head and block (measured ~22 ns a token and KV head at G = 8 on
+ * a Zen 4, as much as QK). The last vector's lanes past the block are -inf for the max and
+ * zero after the exp: the bf16 PV reads the partner of an odd last token as a zero. Other
+ * group sizes take the head-at-a-time form. */
+static inline __attribute__((always_inline)) void prim_softmax(
+    float *s, int n, int G, float *m, float *l, float *acc, int D) {
+    if (VW % G != 0) {
+        dp_softmax_strided(s, n, G, m, l, acc, D);
+        return;
+    }
+    const int ne = n * G, nv = (ne + VW - 1) / VW, tail = ne - (nv - 1) * VW;
+    VEC mx = vload_tail(s + (nv - 1) * VW, tail, -INFINITY);
+    for (int i = 0; i < nv - 1; i++) mx = vmax(mx, vloadu(s + i * VW));
+    const VEC mold = vload_rep(m, G);
+    const VEC mn = vmax(fold_max(mx, G), mold);
+    VEC c = vset1(1.f);
+    if (vany_ne(mn, mold)) {
+        /* exp(-inf - mn) on a head's first block is exp's lower clamp, ~1e-38: it meets
+         * l = 0 and acc = 0, which the loop below does not scale */
+        c = vexp(vsub(mold, mn));
+        float cs[VW], ms[VW];
+        vstoreu(cs, c);
+        vstoreu(ms, mold);
+        for (int g = 0; g < G; g++)
+            if (ms[g] != -INFINITY && cs[g] != 1.f) prim_scale(acc + (int64_t)g * D, cs[g], D);
+    }
     VEC sum = vzero();
-    int i = 0;
-    for (; i + VW <= n; i += VW) {
-        const VEC e = vexp(vsub(vloadu(s + i), mv));
-        vstoreu(s + i, e);
+    for (int i = 0; i < nv; i++) {
+        VEC e = vexp(vsub(vloadu(s + i * VW), mn));
+        if (i == nv - 1) e = vzero_tail(e, tail);
+        vstoreu(s + i * VW, e);
         sum = vadd(sum, e);
     }
-    float r = vreduce_add(sum);
-    for (; i < n; i++) { s[i] = expf(s[i] - m); r += s[i]; }
-    return r;
+    vstore_first(l, vadd(vmul(vload_rep(l, G), c), fold_add(sum, G)), G);
+    vstore_first(m, mn, G);
 }
 
 /* --- bf16 KV in pairs ---------------------------------------------------------------------
@@ -222,7 +260,7 @@ static inline __attribute__((always_inline)) int pair_pos(int d) {
 }
 
 static inline __attribute__((always_inline)) void qk_tile_pairs(
-    const float *q, int qs, const char *k, int64_t row, int D, int G, int TT, float *s, int BS,
+    const float *q, int qs, const char *k, int64_t row, int D, int G, int TT, float *s, int ss,
     int pf, int64_t nxt) {
     VEC acc[4][QK_GT];
     for (int t = 0; t < TT; t++)
@@ -241,20 +279,19 @@ static inline __attribute__((always_inline)) void qk_tile_pairs(
             }
         }
     }
-    store_scores(acc, TT, G, s, BS);
+    store_scores(acc, TT, G, s, ss);
 }
 
 static inline __attribute__((always_inline)) void prim_qk_block_pairs(
-    const float *q, const char *k, int64_t row, int n, int D, int G, float *s, int BS,
-    int64_t nxt) {
+    const float *q, const char *k, int64_t row, int n, int D, int G, float *s, int64_t nxt) {
     for (int g0 = 0; g0 < G; g0 += QK_GT) {
         const int gn = G - g0 < QK_GT ? G - g0 : QK_GT, TT = QK_TT(gn);
         int t = 0;
         for (; t + TT <= n; t += TT)
-            qk_tile_pairs(q + g0 * VW, G * VW, k + t * row, row, D, gn, TT, s + g0 * BS + t,
-                          BS, g0 == 0, nxt);
+            qk_tile_pairs(q + g0 * VW, G * VW, k + t * row, row, D, gn, TT, s + t * G + g0,
+                          G, g0 == 0, nxt);
         for (; t < n; t++)
-            qk_tile_pairs(q + g0 * VW, G * VW, k + t * row, row, D, gn, 1, s + g0 * BS + t, BS,
+            qk_tile_pairs(q + g0 * VW, G * VW, k + t * row, row, D, gn, 1, s + t * G + g0, G,
                           g0 == 0, nxt);
     }
 }

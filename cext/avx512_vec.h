@@ -50,6 +50,36 @@ static inline __attribute__((always_inline)) VEC vmax(VEC a, VEC b) { return _mm
 static inline __attribute__((always_inline)) VEC vexp(VEC x) { return exp16(x); }
 static inline __attribute__((always_inline)) float vreduce_add(VEC v) { return _mm512_reduce_add_ps(v); }
 static inline __attribute__((always_inline)) float vreduce_max(VEC v) { return _mm512_reduce_max_ps(v); }
+/* The softmax's lane moves (attention_simd.h). */
+static inline __attribute__((always_inline)) VEC vswap(VEC v, int k) {
+    switch (k) {
+    case 8: return _mm512_shuffle_f32x4(v, v, 0x4E);  /* 256-bit halves */
+    case 4: return _mm512_shuffle_f32x4(v, v, 0xB1);  /* 128-bit lanes in pairs */
+    case 2: return _mm512_permute_ps(v, 0x4E);
+    default: return _mm512_permute_ps(v, 0xB1);
+    }
+}
+static inline __attribute__((always_inline)) __mmask16 lanes_below(int n) {
+    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
+}
+static inline __attribute__((always_inline)) VEC vload_rep(const float *p, int G) {
+    const __m512i idx = _mm512_and_si512(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(G - 1));
+    return _mm512_permutexvar_ps(idx, _mm512_maskz_loadu_ps(lanes_below(G), p));
+}
+static inline __attribute__((always_inline)) void vstore_first(float *p, VEC v, int G) {
+    _mm512_mask_storeu_ps(p, lanes_below(G), v);
+}
+static inline __attribute__((always_inline)) VEC vload_tail(const float *p, int n, float f) {
+    return _mm512_mask_loadu_ps(_mm512_set1_ps(f), lanes_below(n), p);
+}
+static inline __attribute__((always_inline)) VEC vzero_tail(VEC v, int n) {
+    return _mm512_maskz_mov_ps(lanes_below(n), v);
+}
+static inline __attribute__((always_inline)) int vany_ne(VEC a, VEC b) {
+    return _mm512_cmp_ps_mask(a, b, _CMP_NEQ_UQ) != 0;
+}
 /* The lane sums of v[i], i < n <= 16, in lane i, as one transpose-and-add tree (~3 shuffles
  * and adds a sum) instead of a full horizontal reduction per vector. After the 128-bit folds
  * f[4L + P] holds the sum of v[L + 4P]; one permute restores the order. */

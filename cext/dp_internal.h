@@ -45,6 +45,11 @@ static inline int dp_item_block(const int32_t *bt, int t, int t1, int BS, int Hk
 }
 /* An item's online-softmax state for its heads' n query rows, empty: m = -inf, l = 0,
  * acc = 0 (D floats a row). */
+/* The scores region of an attention item's workspace, in floats: a block's [BS, G] scores,
+ * room for the softmax's vectors and the bf16 path's probability pairs to run past it (each
+ * at most 32 floats past BS * G), then one more block's worth that the bf16 path uses. */
+static inline int64_t dp_attn_scores_floats(int G, int BS) { return 2 * (int64_t)G * BS + 64; }
+
 static inline void dp_item_reset(float *m, float *l, float *acc, int n, int D) {
     for (int g = 0; g < n; g++) { m[g] = -INFINITY; l[g] = 0.f; }
     memset(acc, 0, sizeof(float) * (size_t)n * D);

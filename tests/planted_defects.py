@@ -600,6 +600,17 @@ PLANTS = [
           "            for (int k = K - VW; k >= 0; k -= VW) {\n                const VEC wv = "
           "vload_w(wj",
           ("tests/kernels/test_linear.py::test_row_results_do_not_depend_on_the_batch",)),
+    Plant("softmax-fold-short", "the softmax across a group's heads folds one lane step too "
+          "few, so lanes of one head keep different maxima", "cext/attention_simd.h",
+          "    for (int k = VW / 2; k >= G; k /= 2) v = vmax(v, vswap(v, k));",
+          "    for (int k = VW / 2; k > G; k /= 2) v = vmax(v, vswap(v, k));",
+          (ATTN_TEST + "test_random_ragged_batches",
+           ATTN_TEST + "test_every_listed_head_dim_group_and_block_size")),
+    Plant("softmax-no-rescale", "the vectorized softmax leaves a head's accumulator unscaled "
+          "when its running max moves", "cext/attention_simd.h",
+          "prim_scale(acc + (int64_t)g * D, cs[g], D);", "(void)acc;",
+          (ATTN_TEST + "test_random_ragged_batches",
+           ATTN_TEST + "test_every_listed_head_dim_group_and_block_size")),
     Plant("decode-layers-never-pause", "the one-call decode step ignores a raised Dense Assist "
           "word until its last layer", "cext/decode_layers.c",
           "            raised |= __atomic_load_n(pause_words[i], __ATOMIC_ACQUIRE) == pause_value;",

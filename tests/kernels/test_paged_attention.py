@@ -77,7 +77,7 @@ def check(isa, q, k, v, tables, lens, scale):
 @given(
     seed=st.integers(0, 2**31),
     block_size=st.sampled_from([8, 16, 32, 128]),
-    group=st.sampled_from([1, 4, 8]),
+    group=st.sampled_from([1, 2, 4, 8, 16]),
     hkv=st.sampled_from([1, 2]),
     head_dim=st.sampled_from([64, 128]),
     dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
@@ -175,7 +175,7 @@ def test_bf16_dot_products_where_they_apply():
 @pytest.mark.parametrize("isa", ISA_PARAMS)
 @pytest.mark.parametrize("group,head_dim,block_size", [
     (2, 64, 16), (4, 128, 16), (8, 96, 1), (8, 128, 32), (8, 64, 15), (9, 32, 3), (20, 64, 7),
-    (8, 80, 16)])
+    (8, 80, 16), (16, 64, 5), (16, 32, 16), (3, 64, 7)])
 def test_bf16_within_its_rounding_bound(isa, group, head_dim, block_size):
     """bf16 q and KV to the bound the dot-product route is allowed (attention_avx512bf16.c):
     the output's own rounding to bf16 (2^-8 relative) plus the probabilities' (2^-8 of
