@@ -39,13 +39,6 @@ static inline __m256 exp8(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-static inline float hmax8(__m256 v) {
-    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_max_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-}
-
 typedef __m256 VEC;
 #define VW 8
 /* keys per q-chunk load, by the 16 ymm registers: G = 4 takes 3 (12 accumulators, 3 keys,
@@ -63,7 +56,6 @@ static inline __attribute__((always_inline)) VEC vadd(VEC a, VEC b) { return _mm
 static inline __attribute__((always_inline)) VEC vmax(VEC a, VEC b) { return _mm256_max_ps(a, b); }
 static inline __attribute__((always_inline)) VEC vexp(VEC x) { return exp8(x); }
 static inline __attribute__((always_inline)) float vreduce_add(VEC v) { return hsum8(v); }
-static inline __attribute__((always_inline)) float vreduce_max(VEC v) { return hmax8(v); }
 /* out[i] = the lane sum of v[i], i < n <= 8: one hadd tree for all of them. */
 static inline __attribute__((always_inline)) void vreduce_many(const VEC *v, int n, float *out) {
     const __m256 z = _mm256_setzero_ps();

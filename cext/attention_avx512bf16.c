@@ -46,7 +46,7 @@ static inline __attribute__((always_inline)) void vstore_scores(
     for (int t = 0; t < TT; t++)  /* lanes t*G.. land at s + t*ss */
         _mm512_mask_storeu_ps(s + t * (ss - G), (__mmask16)(((1u << G) - 1u) << (t * G)), r);
 }
-/* s[g*BS + t] = scale * <q head g, k[t]> for a tile of TT keys and G heads. q is bf16,
+/* s[t*ss + g] = scale * <q head g, k[t]> for a tile of TT keys and G heads. q is bf16,
  * chunk-major: chunk c of head g at q[c * qs + g * BF_CH]. */
 static inline __attribute__((always_inline)) void qk_tile_bf(
     const uint16_t *q, int qs, const char *k, int64_t row, int nch, int G, int TT, float *s,
@@ -155,20 +155,27 @@ static inline __attribute__((always_inline)) void pv_block_bf(
     }
 }
 
+/* The 16-bit permute of to_bf16_pairs for a group of G dividing 16: output o (pair o / 2G,
+ * head o % 2G / 2, token o % 2 of the pair) takes element (2 * pair + token) * G + head of
+ * 32 token-major probabilities. Built once per item. */
+static inline __m512i pairs_perm(int G) {
+    uint16_t idx[32];
+    for (int o = 0; o < 32; o++) {
+        const int pr = o / (2 * G), g = o % (2 * G) / 2, tt = o % 2;
+        idx[o] = (uint16_t)((2 * pr + tt) * G + g);
+    }
+    return _mm512_loadu_si512(idx);
+}
+
 /* pw[j * G + g] = head g's probabilities of tokens 2j and 2j + 1 (p token-major, p[t * G +
  * g]) rounded to bf16, as one 32-bit word (low half token 2j), j < ceil(n / 2), with a zero
  * partner for an odd last token. For G dividing 16, 32 probabilities (32 / G tokens) at a
- * time: two conversions and one 16-bit permute, the tokens of each pair side by side. */
+ * time: two conversions and one 16-bit permute (perm, pairs_perm), the tokens of each pair
+ * side by side. */
 static inline __attribute__((always_inline)) void to_bf16_pairs(const float *p, int n, int G,
-                                                               uint32_t *pw) {
+                                                               __m512i perm, uint32_t *pw) {
     const int ne = n * G;
     if (16 % G == 0) {
-        uint16_t idx[32];
-        for (int o = 0; o < 32; o++) {  /* output o: pair o / 2G, head o % 2G / 2, token o % 2 */
-            const int pr = o / (2 * G), g = o % (2 * G) / 2, tt = o % 2;
-            idx[o] = (uint16_t)((2 * pr + tt) * G + g);
-        }
-        const __m512i perm = _mm512_loadu_si512(idx);
         /* lanes past the block load as zero: the PV pairs an odd last token with a zero V
          * row, and 0 * a stale NaN in the workspace would still be NaN (2G divides 32 and an
          * odd n * G is not a multiple of 2G, so the chunks reach that partner) */
@@ -193,11 +200,12 @@ static inline __attribute__((always_inline)) void to_bf16_pairs(const float *p, 
  * attention_body.h's), the probabilities to bf16 pairs, PV. */
 static inline __attribute__((always_inline)) void block_head_bf(
     const char *kp, const char *vp, int n, int D, const uint16_t *qb, float scale,
-    float *m, float *l, float *acc, float *s, uint32_t *pw, int64_t nxt, const int G) {
+    float *m, float *l, float *acc, float *s, uint32_t *pw, __m512i perm, int64_t nxt,
+    const int G) {
     const int64_t row = (int64_t)D * 2;
     qk_block_bf(qb, kp, row, n, D / BF_CH, G, s, scale, nxt);
     prim_softmax(s, n, G, m, l, acc, D);
-    to_bf16_pairs(s, n, G, pw);
+    to_bf16_pairs(s, n, G, perm, pw);
     pv_block_bf(acc, pw, vp, row, n, D, G, nxt);
 }
 
@@ -213,6 +221,7 @@ static inline __attribute__((always_inline)) void item_bf(
     uint16_t *qb = (uint16_t *)ws;             /* [nh][nch][G][32] q, unscaled */
     float *s = ws + (int64_t)nh * G * D / 2;   /* [BS, G] scores of one block and head */
     uint32_t *pw = (uint32_t *)(s + G * BS + 16);  /* [ceil(BS / 2), G] probability pairs */
+    const __m512i perm = 16 % G == 0 ? pairs_perm(G) : _mm512_setzero_si512();
     const uint16_t *q = (const uint16_t *)a->q + ((int64_t)b * a->Hq + (int64_t)h0 * G) * D;
     for (int h = 0; h < nh; h++)
         for (int g = 0; g < G; g++)
@@ -229,7 +238,7 @@ static inline __attribute__((always_inline)) void item_bf(
             const int64_t hb = base + h * head_bytes;
             block_head_bf((const char *)a->k_cache + hb, (const char *)a->v_cache + hb, n, D,
                           qb + (int64_t)h * G * D, a->scale, m + h * G, l + h * G,
-                          acc + (int64_t)h * G * D, s, pw, nxt, G);
+                          acc + (int64_t)h * G * D, s, pw, perm, nxt, G);
         }
         t += n;
     }

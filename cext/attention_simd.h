@@ -3,13 +3,14 @@
  *   VEC, VW (lanes; D is a multiple of VW), QK_TT(G) (keys per q-chunk load, by register
  *   budget), and the inline functions
  *   vzero() vset1(f) vloadu(p) vstoreu(p, v) vload_w(p, dtype) vfma(a, b, c) vmul(a, b)
- *   vsub(a, b) vadd(a, b) vmax(a, b) vexp(x) (x <= 0) vreduce_add(v) vreduce_max(v)
+ *   vsub(a, b) vadd(a, b) vmax(a, b) vexp(x) (x <= 0)
  *   vreduce_many(v, n, out) (out[i] = lane sum of v[i], i < n <= VW),
  *   and for the softmax across a group's heads (G a power of two dividing VW):
  *   vswap(v, k) (lane i gets lane i ^ k, k a power of two < VW), vload_rep(p, G) (lane i =
  *   p[i % G]), vstore_first(p, v, G) (lanes < G to p), vload_tail(p, n, f) (lanes < n from
  *   p, the rest f), vzero_tail(v, n) (lanes from n zeroed), vany_ne(a, b).
- * Tails shorter than VW (a partial last block) take the scalar loop. */
+ * A partial last block: QK takes its last tokens one at a time, the softmax masks its last
+ * vector. */
 #include <math.h>
 #include "attention_softmax.h"
 

@@ -49,7 +49,6 @@ static inline __attribute__((always_inline)) VEC vadd(VEC a, VEC b) { return _mm
 static inline __attribute__((always_inline)) VEC vmax(VEC a, VEC b) { return _mm512_max_ps(a, b); }
 static inline __attribute__((always_inline)) VEC vexp(VEC x) { return exp16(x); }
 static inline __attribute__((always_inline)) float vreduce_add(VEC v) { return _mm512_reduce_add_ps(v); }
-static inline __attribute__((always_inline)) float vreduce_max(VEC v) { return _mm512_reduce_max_ps(v); }
 /* The softmax's lane moves (attention_simd.h). */
 static inline __attribute__((always_inline)) VEC vswap(VEC v, int k) {
     switch (k) {
