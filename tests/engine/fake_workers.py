@@ -59,8 +59,14 @@ class FakeGroup:
                 self.known.discard(rid)
                 self.tables.pop(rid, None)
                 self.sampled.pop(rid, None)
-                self.world.on_host.discard(rid)
-                self.world.kv_len.pop(rid, None)
+                # The KV bookkeeping is the world's (it follows the request between tiers),
+                # so it goes with the last group's release: a release reaches an idle group
+                # at once but a busy one behind its queued steps, and a step queued there
+                # (a decode submitted ahead, behind the one whose result finished the
+                # request) still reads its KV.
+                if not any(rid in g.known for g in (self.world.gpu, self.world.cpu)):
+                    self.world.on_host.discard(rid)
+                    self.world.kv_len.pop(rid, None)
 
     def submit(self, batch) -> asyncio.Future:
         """The step's result as a future; submitted steps execute in submission order,

@@ -108,6 +108,9 @@ def test_random_workloads(policy, ahead, jobs, gpu_blocks, host_blocks, max_seqs
     outs, workers, _engine = asyncio.run(
         run_workload(policy, gpu_blocks, host_blocks, limits, jobs, aborts, ns=ns,
                      async_scheduling=ahead))
+    # Per example, not only at teardown (conftest): Hypothesis then shrinks and prints the
+    # workload that made the engine send something a worker could not execute.
+    assert not workers.violations, workers.violations
     assert len(outs) == sum(ns)
     for key, (rid, toks, reason) in outs.items():
         i = key if isinstance(key, int) else key[0]
