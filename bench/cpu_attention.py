@@ -14,6 +14,13 @@ Shape per layer: Hq=32, Hkv=8, head_dim=128 (Llama-3-8B), block size 16.
 --grid adds the issue's shape grid at 32 sequences x 1024 tokens (32k KV tokens, Hkv=8):
 GQA groups 1/4/8 x head dims 64/80/96/128 x block sizes 16/32/64, for each dtype, and
 min_fraction_of_dram_bw_grid. Each row says whether the path took bf16 dot products.
+
+The compute ceiling beside the memory one: ``fma_per_core_per_s`` is the path's vector-FMA
+throughput on one core (cpu.fma_rate), and each row's ``fma_bound_fraction`` the fraction of
+the DRAM bandwidth that a kernel doing nothing but its dot products' FMAs at that rate could
+reach (fma_bound_gb_per_s over the run's median read bandwidth, at most 1). Where it is
+below 0.70 the shape is compute-bound on this core whatever the kernel's overheads (on a
+Zen 1, one 256-bit FMA a cycle: GQA 8, head dim 128, bf16, ~0.6 at 15 GB/s).
 """
 
 from __future__ import annotations
@@ -40,6 +47,16 @@ def case(batch: int, ctx: int, hq: int, hkv: int, d: int, bs: int, dtype: torch.
     tables = torch.randperm(nb, generator=g).int().view(batch, per)
     lens = torch.full((batch,), ctx, dtype=torch.int32)
     return q, k, v, tables, lens
+
+
+def fma_bound_gb_per_s(group: int, head_dim: int, elem_size: int, lanes: int,
+                       fma_per_s: float, threads: int, bf16_dot: bool) -> float:
+    """KV bytes per second (GB/s) of a kernel that did nothing but its dot products' vector
+    FMAs at ``fma_per_s`` per core on ``threads`` cores. Per token and KV head QK and PV take
+    group * head_dim / lanes FMAs each (bf16 dot products, two products a lane, counted as
+    FMAs of half as many instructions), and bring 2 * head_dim * elem_size bytes of K and V."""
+    fmas = 2 * group * head_dim / lanes / (2 if bf16_dot else 1)
+    return 2 * head_dim * elem_size * fma_per_s * threads / fmas / 1e9
 
 
 def paired_times(kernel, stream, repeats: int) -> tuple[list[float], list[float]]:
@@ -82,6 +99,10 @@ def main() -> None:
     stream = functools.partial(cpu.stream_read, sbuf, threads)
     bw_samples = []
     rows = []
+    try:
+        fma_per_s, lanes = cpu.fma_rate(args.isa)
+    except ValueError:  # the scalar path
+        fma_per_s, lanes = None, None
     def measure(b, ctx, hq_, hkv_, d_, bs_, dtype, with_ref):
         q, k, v, t, sl = case(b, ctx, hq_, hkv_, d_, bs_, dtype)
         qd = q.to(dtype)
@@ -99,6 +120,10 @@ def main() -> None:
                "fraction_of_dram_bw": round(frac, 3),
                "bf16_dot": cpu.attention_uses_bf16_dot(dtype, dtype, hq_ // hkv_, d_,
                                                        isa=args.isa)}
+        if fma_per_s:
+            row["fma_bound_gb_per_s"] = round(fma_bound_gb_per_s(
+                hq_ // hkv_, d_, k.element_size(), lanes, fma_per_s, threads,
+                row["bf16_dot"]), 2)
         if with_ref and b * ctx <= args.ref_max_tokens:
             ref = functools.partial(paged_decode_attention_ref, qd, k, v, t, sl, d_**-0.5)
             tr = median_time(ref, max(1, args.repeats // 2))
@@ -120,9 +145,15 @@ def main() -> None:
                         r = measure(32, 1024, 8 * group, 8, hd, gbs, dtype, False)
                         grid.append({"group": group, "head_dim": hd, "block_size": gbs, **r})
     big = [r for r in rows if r["tokens"] >= 32768]
+    dram = statistics.median(bw_samples)
+    for r in rows + grid:
+        if "fma_bound_gb_per_s" in r:
+            r["fma_bound_fraction"] = round(min(1.0, r["fma_bound_gb_per_s"] * 1e9 / dram), 3)
     emit({
         "bench": "cpu_attention", "isa": cpu.resolve_isa(args.isa), "threads": threads,
-        "dram_read_gb_per_s": round(statistics.median(bw_samples) / 1e9, 1),
+        "dram_read_gb_per_s": round(dram / 1e9, 1),
+        "fma_per_core_per_s": round(fma_per_s) if fma_per_s else None,
+        "fma_lanes": lanes,
         "shape": {"Hq": hq, "Hkv": hkv, "D": d, "block_size": bs},
         "min_fraction_of_dram_bw_at_32k_tokens": min(r["fraction_of_dram_bw"] for r in big)
         if big else None,
@@ -130,6 +161,8 @@ def main() -> None:
                                      if "speedup_vs_torch" in r), default=None),
         "results": rows,
         **({"min_fraction_of_dram_bw_grid": min(r["fraction_of_dram_bw"] for r in grid),
+            "min_fma_bound_fraction_grid": min((r["fma_bound_fraction"] for r in grid
+                                                if "fma_bound_fraction" in r), default=None),
             "grid": grid} if grid else {}),
     }, args.json)
 

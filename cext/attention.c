@@ -129,6 +129,28 @@ int dp_attn_bf16_dot(int q_dtype, int kv_dtype, int G, int D) {
     return dp_bf16_dot_applies(q_dtype, kv_dtype, G, D);
 }
 
+double dp_fma_chains_avx2(int64_t iters);
+double dp_fma_chains_avx512(int64_t iters);
+
+int64_t dp_fma_probe(int isa, int64_t iters, int *lanes, double *sink) {
+    if (iters <= 0 || !lanes || !sink) return -2;
+    switch (isa) {
+    case DP_ISA_AVX2:
+        *lanes = 8;
+        *sink = dp_fma_chains_avx2(iters);
+        break;
+    case DP_ISA_AVX512:
+    case DP_ISA_AVX512_BF16:
+    case DP_ISA_AMX:
+        *lanes = 16;
+        *sink = dp_fma_chains_avx512(iters);
+        break;
+    default:
+        return -1;  /* the scalar path: no vector FMAs to count */
+    }
+    return iters * DP_FMA_CHAINS;
+}
+
 double dp_stream_read_scalar(const float *buf, int64_t n);
 double dp_stream_read_avx2(const float *buf, int64_t n);
 

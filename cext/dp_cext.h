@@ -147,6 +147,12 @@ int dp_copy_blocks(const void *src, void *dst, const int64_t *src_ids, const int
                    int n, int64_t block_bytes, int64_t src_blocks, int64_t dst_blocks,
                    int num_threads);
 
+/* Vector-FMA throughput probe for benches: runs iters x (chains) FMAs of *lanes floats on
+ * the calling thread with isa's vector width (DP_ISA_AVX2: 8; the AVX-512 ones: 16) and
+ * returns how many it ran; *sink takes their sum (so nothing is optimized away). -1: the
+ * ISA has no vector FMAs (scalar); -2: iters <= 0 or a null pointer. */
+int64_t dp_fma_probe(int isa, int64_t iters, int *lanes, double *sink);
+
 /* Memory-read bandwidth probe: sums n floats with num_threads threads. */
 double dp_stream_read(const float *buf, int64_t n, int num_threads);
 

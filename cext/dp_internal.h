@@ -55,6 +55,10 @@ static inline void dp_item_reset(float *m, float *l, float *acc, int n, int D) {
     memset(acc, 0, sizeof(float) * (size_t)n * D);
 }
 
+/* Independent FMA chains of the throughput probe (dp_fma_probe): 12 covers latency x ports
+ * up to 4 x 2 with a margin, within the 16 ymm registers of AVX2. */
+#define DP_FMA_CHAINS 12
+
 /* Where the AVX512_BF16 item takes bf16 dot products (attention_avx512bf16.c, where they
  * measured faster): bf16 q and KV, GQA groups of 8 or more, whole 32-element chunks of the
  * head dim. */

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import time
 
 import torch
 
@@ -268,6 +269,31 @@ def stream_read(buf: torch.Tensor, threads: int | None = None) -> float:
     _check_tensor(buf, "buf", 1, (torch.float32,))
     return lib.dp_stream_read(ffi.cast("float *", buf.data_ptr()), buf.numel(),
                               threads or num_threads())
+
+
+def fma_rate(isa: str | None = None, seconds: float = 0.05, repeats: int = 3
+             ) -> tuple[float, int]:
+    """(vector FMA instructions per second on the calling thread's core, their lanes): the
+    compute ceiling of a kernel built from ``isa``'s FMAs (benches; best of ``repeats``
+    timed runs of about ``seconds`` each). ValueError for the scalar path."""
+    ffi, lib = require()
+    code = ISAS[resolve_isa(isa)]
+    lanes, sink = ffi.new("int *"), ffi.new("double *")
+    if lib.dp_fma_probe(code, 1, lanes, sink) < 0:
+        raise ValueError(f"isa: {resolve_isa(isa)!r} has no vector FMAs to measure")
+    iters, best = 1 << 14, 0.0
+    while True:  # grow the run until one takes ``seconds``
+        t0 = time.perf_counter()
+        n = lib.dp_fma_probe(code, iters, lanes, sink)
+        dt = time.perf_counter() - t0
+        if dt >= seconds / 4 or iters >= 1 << 40:
+            break
+        iters *= 4
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        n = lib.dp_fma_probe(code, iters, lanes, sink)
+        best = max(best, n / (time.perf_counter() - t0))
+    return best, lanes[0]
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
