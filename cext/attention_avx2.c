@@ -140,19 +140,8 @@ double dp_stream_read_avx2(const float *buf, int64_t n) {
     return s;
 }
 
-/* The vector-FMA throughput probe (dp_fma_probe): DP_FMA_CHAINS independent chains, more
- * than FMA latency x FMA ports on any core this path runs on (Zen 1: 5 x 1 of 256 bits; Haswell
- * to Zen 5: at most 4 x 2), so the loop measures throughput, not latency. */
-double dp_fma_chains_avx2(int64_t iters) {
-    __m256 a[DP_FMA_CHAINS];
-    for (int j = 0; j < DP_FMA_CHAINS; j++) a[j] = _mm256_set1_ps(0.001f * (float)j);
-    const __m256 b = _mm256_set1_ps(0.9999f), c = _mm256_set1_ps(1e-4f);
-    for (int64_t i = 0; i < iters; i++)
-        for (int j = 0; j < DP_FMA_CHAINS; j++) a[j] = _mm256_fmadd_ps(a[j], b, c);
-    __m256 s = a[0];
-    for (int j = 1; j < DP_FMA_CHAINS; j++) s = _mm256_add_ps(s, a[j]);
-    return hsum8(s);
-}
+#define FMA_CHAINS_FN dp_fma_chains_avx2
+#include "fma_probe_body.h"
 
 #define LINEAR_FN dp_linear_avx2
 #include "linear_body.h"

@@ -7,18 +7,8 @@
 #define DP_ITEM_FN dp_attn_item_avx512
 #include "attention_body.h"
 
-/* The vector-FMA throughput probe (dp_fma_probe), as dp_fma_chains_avx2 on zmm registers
- * (latency 4 x 2 ports on Skylake-SP, Sapphire Rapids, Zen 4 and Zen 5: 8 chains in flight). */
-double dp_fma_chains_avx512(int64_t iters) {
-    __m512 a[DP_FMA_CHAINS];
-    for (int j = 0; j < DP_FMA_CHAINS; j++) a[j] = _mm512_set1_ps(0.001f * (float)j);
-    const __m512 b = _mm512_set1_ps(0.9999f), c = _mm512_set1_ps(1e-4f);
-    for (int64_t i = 0; i < iters; i++)
-        for (int j = 0; j < DP_FMA_CHAINS; j++) a[j] = _mm512_fmadd_ps(a[j], b, c);
-    __m512 s = a[0];
-    for (int j = 1; j < DP_FMA_CHAINS; j++) s = _mm512_add_ps(s, a[j]);
-    return _mm512_reduce_add_ps(s);
-}
+#define FMA_CHAINS_FN dp_fma_chains_avx512
+#include "fma_probe_body.h"
 
 /* The linear's tile sums (linear_body.h): one tree for the tile's mr * nr <= 16
  * accumulators, then each row's nr sums as one masked store. Measured against a

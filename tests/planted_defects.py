@@ -611,10 +611,10 @@ PLANTS = [
           "prim_scale(acc + (int64_t)g * D, cs[g], D);", "(void)acc;",
           (ATTN_TEST + "test_random_ragged_batches",
            ATTN_TEST + "test_every_listed_head_dim_group_and_block_size")),
-    Plant("fma-probe-skips-chains", "the FMA probe's AVX2 loop runs every other chain but "
-          "reports them all, so the bench's compute ceiling doubles", "cext/attention_avx2.c",
-          "        for (int j = 0; j < DP_FMA_CHAINS; j++) a[j] = _mm256_fmadd_ps(a[j], b, c);",
-          "        for (int j = 0; j < DP_FMA_CHAINS; j += 2) a[j] = _mm256_fmadd_ps(a[j], b, c);",
+    Plant("fma-probe-skips-chains", "the FMA probe's loop runs every other chain but reports "
+          "them all, so the bench's compute ceiling doubles", "cext/fma_probe_body.h",
+          "        for (int j = 0; j < DP_FMA_CHAINS; j++) a[j] = vfma(a[j], b, c);",
+          "        for (int j = 0; j < DP_FMA_CHAINS; j += 2) a[j] = vfma(a[j], b, c);",
           ("tests/kernels/test_fma_probe.py::test_the_probe_runs_the_fmas_it_reports",)),
     Plant("decode-layers-never-pause", "the one-call decode step ignores a raised Dense Assist "
           "word until its last layer", "cext/decode_layers.c",
