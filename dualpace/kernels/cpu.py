@@ -281,14 +281,15 @@ def fma_rate(isa: str | None = None, seconds: float = 0.05, repeats: int = 3
     lanes, sink = ffi.new("int *"), ffi.new("double *")
     if lib.dp_fma_probe(code, 1, lanes, sink) < 0:
         raise ValueError(f"isa: {resolve_isa(isa)!r} has no vector FMAs to measure")
-    iters, best = 1 << 14, 0.0
-    while True:  # grow the run until one takes ``seconds``
+    iters = 1 << 14
+    while True:  # grow a trial run until it is long enough to time, then scale to ``seconds``
         t0 = time.perf_counter()
-        n = lib.dp_fma_probe(code, iters, lanes, sink)
+        lib.dp_fma_probe(code, iters, lanes, sink)
         dt = time.perf_counter() - t0
-        if dt >= seconds / 4 or iters >= 1 << 40:
+        if dt >= 1e-3:
             break
         iters *= 4
+    iters, best = max(1, int(iters * seconds / dt)), 0.0
     for _ in range(repeats):
         t0 = time.perf_counter()
         n = lib.dp_fma_probe(code, iters, lanes, sink)
