@@ -146,6 +146,11 @@ double dp_stream_read_avx2(const float *buf, int64_t n) {
 #define LINEAR_FN dp_linear_avx2
 #include "linear_body.h"
 
+#define GEMM_NR DP_GEMM_NR_AVX2
+#define GEMM_ROWS(S) S(0) S(1) S(2) S(3) S(4) S(5)
+#define GEMM_FN dp_gemm_avx2
+#include "gemm_body.h"
+
 static inline __attribute__((always_inline)) VEC vsilu(VEC g) {
     const __m256 e = exp8(_mm256_or_ps(g, _mm256_set1_ps(-0.f)));  /* exp(-|g|) */
     const __m256 neg = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ);

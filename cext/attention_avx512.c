@@ -33,6 +33,11 @@ static inline __attribute__((always_inline)) void tile_sums(VEC acc[4][4], int m
 #define LINEAR_FN dp_linear_avx512
 #include "linear_body.h"
 
+#define GEMM_NR DP_GEMM_NR_AVX512
+#define GEMM_ROWS(S) S(0) S(1) S(2) S(3) S(4) S(5) S(6) S(7) S(8) S(9) S(10) S(11)
+#define GEMM_FN dp_gemm_avx512
+#include "gemm_body.h"
+
 static inline __attribute__((always_inline)) VEC vsilu(VEC g) {
     const __m512 e = exp16(_mm512_or_ps(g, _mm512_set1_ps(-0.f)));  /* exp(-|g|) */
     const __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);

@@ -46,6 +46,13 @@ int dp_attn_bf16_dot(int q_dtype, int kv_dtype, int G, int D);
 int dp_linear(const float *x, int M, int K, const void *w, int w_dtype, int N,
               const float *bias, float *out, int isa, int num_threads);
 
+/* Prefill-sized GEMM (gemm.c): out[M,N] = add[M,N] + x[M,K] @ W[N,K]^T + bias[N], all fp32
+ * (add and bias may be NULL; add may be out itself). Bound by FMAs: x is packed into panels
+ * per call, W read in place. isa: AVX2 or AVX-512 (and the paths built on it); -1 for the
+ * scalar path, -2 bad sizes, -5 out of memory. */
+int dp_gemm(const float *x, int M, int K, const float *w, int N, const float *bias,
+            const float *add, float *out, int isa, int num_threads);
+
 /* One decoder layer's dense stages for decode-sized batches (layer.c). Weights are the
  * packed tensors of model/weights.py (W [N, K] row-major, w_dtype); norms and biases fp32,
  * NULL when the model has none. cos/sin: the RoPE tables [max_positions, head_dim] fp32. */

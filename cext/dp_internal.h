@@ -130,6 +130,25 @@ static inline dp_linear_fn dp_linear_for(int isa) {
     return isa == DP_ISA_AVX512 ? dp_linear_avx512 : isa == DP_ISA_AVX2 ? dp_linear_avx2
          : isa == DP_ISA_SCALAR ? dp_linear_scalar : NULL;
 }
+/* The prefill GEMM's per-ISA tiles (gemm_body.h): columns [n_lo, n_hi) of a packed block
+ * of x against W; the driver (gemm.c) packs, blocks and splits. */
+typedef void (*dp_gemm_fn)(const float *, int, int, const float *, int64_t, int, int,
+                           const float *, const float *, float *, int64_t, int);
+void dp_gemm_avx2(const float *, int, int, const float *, int64_t, int, int, const float *,
+                  const float *, float *, int64_t, int);
+void dp_gemm_avx512(const float *, int, int, const float *, int64_t, int, int, const float *,
+                    const float *, float *, int64_t, int);
+/* Tiles per ISA: AVX2 6 W rows x 16 x rows (12 of the 16 ymm registers accumulate),
+ * AVX-512 12 x 32 (24 of the 32 zmm). isa: a dense ISA (dp_dense_isa). */
+#define DP_GEMM_NR_AVX2 6
+#define DP_GEMM_NR_AVX512 12
+static inline dp_gemm_fn dp_gemm_for(int isa) {
+    return isa == DP_ISA_AVX512 ? dp_gemm_avx512 : isa == DP_ISA_AVX2 ? dp_gemm_avx2 : NULL;
+}
+static inline int dp_gemm_mr(int isa) { return isa == DP_ISA_AVX512 ? 32 : 16; }
+static inline int dp_gemm_nr(int isa) {
+    return isa == DP_ISA_AVX512 ? DP_GEMM_NR_AVX512 : DP_GEMM_NR_AVX2;
+}
 /* Thread t's share [lo, hi) of n output rows, in whole 4-row tiles (the linear's register
  * tile), contiguous per thread. */
 /* Rows [0, n) of a projection over the T threads of a region, in 16-row units: thread t

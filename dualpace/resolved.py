@@ -145,6 +145,8 @@ def _cpu_dtype_and_isa(requested: str) -> tuple[str, str]:
 
     have = cpu.available()
     isa = cpu.resolve_isa() if have else ""
+    if have:
+        cpu.prefill_gemm_isa()  # $DUALPACE_PREFILL_GEMM validated here too, as the ISA is
     if requested != "auto":
         return requested, isa
     amx = have and cpu.cpu_features()["amx_bf16"]

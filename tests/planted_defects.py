@@ -616,6 +616,23 @@ PLANTS = [
           "        for (int j = 0; j < DP_FMA_CHAINS; j++) a[j] = vfma(a[j], b, c);",
           "        for (int j = 0; j < DP_FMA_CHAINS; j += 2) a[j] = vfma(a[j], b, c);",
           ("tests/kernels/test_fma_probe.py::test_the_probe_runs_the_fmas_it_reports",)),
+    Plant("gemm-k-blocks-overwrite", "the prefill GEMM's later K blocks overwrite the sums "
+          "of the earlier ones", "cext/gemm_body.h",
+          "                    for (int j = 0; j < nr; j++) o[j] += t[j][i];",
+          "                    for (int j = 0; j < nr; j++) o[j] = t[j][i];",
+          ("tests/kernels/test_gemm.py::test_gemm_matches_float64",)),
+    Plant("gemm-edge-tile-short", "the prefill GEMM's last partial tile of N loses its last "
+          "W row", "cext/gemm_body.h",
+          "    for (int j = 0; j < nr; j++) {\n        VEC a = vzero(), b = vzero();",
+          "    for (int j = 0; j < nr - 1; j++) {\n        VEC a = vzero(), b = vzero();",
+          ("tests/kernels/test_gemm.py::test_gemm_matches_float64",)),
+    Plant("chunk-gemm-drops-residual", "a prefill chunk's O projection on the cext GEMM loses "
+          "the residual", "dualpace/model/native_stages.py",
+          "            return cpu_kernels.gemm(x.contiguous(), w, bias, add, out=out, "
+          "isa=self.gemm_isa)",
+          "            return cpu_kernels.gemm(x.contiguous(), w, bias, None, out=out, "
+          "isa=self.gemm_isa)",
+          (CHUNK_TEST,)),
     Plant("decode-layers-never-pause", "the one-call decode step ignores a raised Dense Assist "
           "word until its last layer", "cext/decode_layers.c",
           "            raised |= __atomic_load_n(pause_words[i], __ATOMIC_ACQUIRE) == pause_value;",

@@ -63,6 +63,10 @@ def test_bad_isa_fails_in_resolution(ckpt, monkeypatch):
     monkeypatch.setenv("DUALPACE_CPU_ISA", "scalar")
     assert resolve(EngineConfig(model=str(ckpt), gpu_device="cpu")).cpu_isa == (
         "scalar")
+    monkeypatch.delenv("DUALPACE_CPU_ISA")
+    monkeypatch.setenv("DUALPACE_PREFILL_GEMM", "fastest")
+    with pytest.raises(ValueError, match="DUALPACE_PREFILL_GEMM: expected auto, cext or torch"):
+        resolve(EngineConfig(model=str(ckpt), gpu_device="cpu"))
 
 
 def test_worker_spec_carries_the_typed_config(ckpt):

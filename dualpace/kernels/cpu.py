@@ -329,6 +329,79 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out
 
 
+def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+         add: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
+         isa: str | None = None) -> torch.Tensor:
+    """``add + x @ weight.T + bias`` for prefill-sized x (cext/gemm.c), all fp32: x [M, K],
+    weight [N, K], bias [N], add [M, N] (``add`` may be ``out``: the residual updated in
+    place). Bound by FMAs, not by reading the weight (that is ``linear``, for few rows).
+    Only the vector paths have it: ``isa`` (default: this process's) must be avx2 or one of
+    the AVX-512 paths."""
+    ffi, lib = require()
+    _check_tensor(x, "x", 2, (torch.float32,))
+    _check_tensor(weight, "weight", 2, (torch.float32,))
+    M, K = x.shape
+    N, Kw = weight.shape
+    if Kw != K:
+        raise ValueError(f"weight: in-features {Kw} differ from x's {K}")
+    if M == 0 or N == 0 or K == 0:
+        raise ValueError(f"x/weight: need M, N, K > 0 (M={M}, N={N}, K={K})")
+    if bias is not None:
+        _check_tensor(bias, "bias", 1, (torch.float32,))
+        if bias.shape[0] != N:
+            raise ValueError(f"bias: {bias.shape[0]} entries for {N} outputs")
+    for name, t in (("add", add), ("out", out)):
+        if t is not None:
+            _check_tensor(t, name, 2, (torch.float32,))
+            if tuple(t.shape) != (M, N):
+                raise ValueError(f"{name}: shape {tuple(t.shape)}, expected {(M, N)}")
+    path = resolve_isa(isa)
+    if path not in GEMM_ISAS:
+        raise ValueError(f"gemm: no {path!r} path (it has {', '.join(GEMM_ISAS)})")
+    if out is None:
+        out = torch.empty(M, N, dtype=torch.float32)
+    elif (any(t is not None and _overlaps(t, out) for t in (x, weight, bias))
+          or (add is not None and add is not out and _overlaps(add, out))):
+        raise ValueError("out: must not overlap x, weight, bias or a separate add")
+    rc = lib.dp_gemm(
+        ffi.cast("float *", x.data_ptr()), M, K, ffi.cast("float *", weight.data_ptr()), N,
+        ffi.cast("float *", bias.data_ptr()) if bias is not None else ffi.NULL,
+        ffi.cast("float *", add.data_ptr()) if add is not None else ffi.NULL,
+        ffi.cast("float *", out.data_ptr()), ISAS[path], num_threads(),
+    )
+    if rc == -5:
+        raise MemoryError("gemm: no memory for the packed rows of x")
+    if rc != 0:  # the checks above make the others unreachable; never return unwritten rows
+        raise ValueError(f"gemm: the kernel refused its arguments (code {rc})")
+    return out
+
+
+GEMM_ISAS = ("avx2", "avx512", "avx512_bf16", "amx")
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+def prefill_gemm_isa() -> str | None:
+    """The ISA path whose GEMM (``gemm``) runs prefill-sized fp32 projections, or None:
+    torch's. $DUALPACE_PREFILL_GEMM: ``cext`` (wherever the path has one), ``torch``, or
+    ``auto`` (default): cext on the AVX2 path only. Measured there (bench/prefill_gemm.py,
+    AMD Zen 1, one core): 0.90-0.92 of the FMA peak against MKL's 0.68-0.78 through torch;
+    the AVX-512 tiles are tested but not yet measured against MKL on an AVX-512 host, so
+    they are not the default."""
+    flag = os.environ.get("DUALPACE_PREFILL_GEMM", "auto").strip().lower() or "auto"
+    if flag not in ("auto", "cext", "torch"):
+        raise ValueError(f"DUALPACE_PREFILL_GEMM: expected auto, cext or torch, got {flag!r}")
+    if flag == "torch" or not available():
+        return None
+    path = resolve_isa()
+    if path not in GEMM_ISAS:
+        return None
+    return path if flag == "cext" or path == "avx2" else None
+
+
 def argmax_rows(x: torch.Tensor, *, isa: str | None = None) -> torch.Tensor:
     """``x.argmax(dim=-1)`` of fp32 logits [R, V] (cext/argmax.c): the first index of each
     row's maximum, or of its first NaN, as torch gives it. Returns int64 [R]."""

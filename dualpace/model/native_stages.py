@@ -11,11 +11,13 @@ may change between them (runtime/thread_share.py). Sampling stays in sampling/sa
 a few vector ops on the logits that carry the seeded, top-k/top-p and logprob paths, its
 exponential race one C call on CPU.
 
-Prefill chunks (more than ``NATIVE_MAX_ROWS`` rows) keep torch's GEMMs, which are
-compute-bound there and beat the weight-streaming kernel, but the elementwise work between
-them (RMSNorm; q/k norm, RoPE and KV append; SiLU * up) is one C call each, and the residual
-adds ride in the GEMMs (``addmm``): a layer is then four GEMMs, attention and three short C
-calls instead of some thirty torch ops. Each of those ops was a parallel region whose team
+Prefill chunks (more than ``NATIVE_MAX_ROWS`` rows) run compute-bound GEMMs, not the
+weight-streaming kernel: cext/gemm.c on the AVX2 path (there 0.85-0.90 of the FMA peak
+against MKL's 0.68-0.78 through torch, which the 1-stream TTFT of issue 14 paid), torch's
+elsewhere (cpu_kernels.prefill_gemm_isa). The elementwise work between them (RMSNorm; q/k
+norm, RoPE and KV append; SiLU * up) is one C call each, and the residual adds ride in the
+GEMMs: a layer is then four GEMMs, attention and three short C calls instead of some thirty
+torch ops. Each of those ops was a parallel region whose team
 wakes from sleep (the short OpenMP spin of runtime/supervisor.py when two tiers share cores):
 a 256-token prefill of the llama.cpp comparison model took 97 ms with that spin against 86
 without, and its elementwise ops a quarter of the step (issue 14's single-stream TTFT).
@@ -113,6 +115,10 @@ class NativeStages:
         m.eps = cfg.rms_norm_eps
         m.cos, m.sin = _ptr(ffi, self._keep[0]), _ptr(ffi, self._keep[1])
         self.dims = m
+        # the prefill chunks' projections: the cext GEMM where it is the faster
+        # (cpu_kernels.prefill_gemm_isa), else torch's; fp32 weights only
+        self.gemm_isa = (cpu_kernels.prefill_gemm_isa()
+                         if weights.layers[0].qkv.dtype == torch.float32 else None)
         self.layers = []
         for lw in weights.layers:
             s = ffi.new("dp_layer_weights *")
@@ -182,7 +188,7 @@ class NativeStages:
             raise ValueError(_ERRORS.get(rc, f"dp_layer_pre failed with code {rc}"))
         return self._out(q)
 
-    # --- prefill chunks: torch's GEMMs, the elementwise phases in C ------------------------
+    # --- prefill chunks: GEMMs (``_project``), the elementwise phases in C ----------------
     def _norm_rows(self, x: torch.Tensor, norm) -> torch.Tensor:
         T, H = x.shape
         out = torch.empty_like(x)
@@ -195,7 +201,7 @@ class NativeStages:
     def pre_chunk(self, i: int, hidden: torch.Tensor, positions: torch.Tensor,
                   slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                   ) -> torch.Tensor:
-        """``pre`` for a prefill chunk: RMSNorm (C), the QKV GEMM (torch), q/k norm, RoPE
+        """``pre`` for a prefill chunk: RMSNorm (C), the QKV GEMM, q/k norm, RoPE
         and KV append (C) -> q [T, Hq, D]. fp32 models only (``mixed`` ones keep the torch
         stages for chunks)."""
         cfg, ffi, lw = self.cfg, self.ffi, self.w.layers[i]
@@ -203,8 +209,7 @@ class NativeStages:
         nb, bs = self._cache_dims(k_cache, v_cache)
         positions, slots = positions.contiguous(), slots.contiguous()
         x = self._norm_rows(hidden.contiguous(), self.layers[i].input_norm)
-        qkv = (F.linear(x, lw.qkv) if lw.qkv_bias is None
-               else torch.addmm(lw.qkv_bias, x, lw.qkv.t()))
+        qkv = self._project(x, lw.qkv, lw.qkv_bias)
         q = torch.empty(T, cfg.num_heads, cfg.head_dim, dtype=torch.float32)
         rc = self.lib.dp_qkv_rope_append(
             self.dims, self.layers[i], _ptr(ffi, qkv), T,
@@ -216,22 +221,35 @@ class NativeStages:
         return q
 
     def post_chunk(self, i: int, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """``post`` for a prefill chunk: O GEMM + residual (one addmm), RMSNorm (C), the
-        gate/up GEMM, SiLU * up (C), the down GEMM + residual (addmm in place). fp32 models
+        """``post`` for a prefill chunk: O GEMM + residual (one GEMM), RMSNorm (C), the
+        gate/up GEMM, SiLU * up (C), the down GEMM + residual (in place). fp32 models
         only, as ``pre_chunk``."""
         ffi, lw = self.ffi, self.w.layers[i]
         T = hidden.shape[0]
-        out = torch.addmm(hidden, attn, lw.o.t())
-        if lw.o_bias is not None:
-            out += lw.o_bias
+        out = self._project(attn, lw.o, lw.o_bias, add=hidden)
         x = self._norm_rows(out, self.layers[i].post_norm)
-        gate_up = F.linear(x, lw.gate_up)
+        gate_up = self._project(x, lw.gate_up)
         act = torch.empty(T, self.cfg.intermediate_size, dtype=torch.float32)
         rc = self.lib.dp_silu_mul_rows(_ptr(ffi, gate_up), T, self.cfg.intermediate_size,
                                        _ptr(ffi, act), _isa_code(), cpu_kernels.num_threads())
         if rc:
             raise ValueError(f"dp_silu_mul_rows failed with code {rc}")
-        return out.addmm_(act, lw.down.t())
+        return self._project(act, lw.down, add=out, out=out)
+
+    def _project(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+                 add: torch.Tensor | None = None, out: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+        """``add + x @ w.T + bias`` for a prefill chunk (``out``: where, may be ``add``):
+        the cext GEMM on ``gemm_isa``, else torch's."""
+        if self.gemm_isa is not None:
+            return cpu_kernels.gemm(x.contiguous(), w, bias, add, out=out, isa=self.gemm_isa)
+        if add is None:
+            return F.linear(x, w, bias)
+        if out is add:
+            out = add.addmm_(x, w.t())
+        else:
+            out = torch.addmm(add, x, w.t())
+        return out if bias is None else out.add_(bias)
 
     def decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          block_tables: torch.Tensor, seq_lens: torch.Tensor,

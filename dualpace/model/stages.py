@@ -88,16 +88,23 @@ def attention_functions(backend: str, device: torch.device, cfg: ModelConfig | N
 
 
 def default_linear(device: torch.device, dtype: torch.dtype) -> Linear:
-    """Decode-sized fp32 projections through the cext kernel on CPU, else torch."""
+    """fp32 projections on CPU through the cext kernels, decode-sized ones through the
+    weight-streaming linear and prefill-sized ones through the GEMM where that is the
+    faster (cpu_kernels.prefill_gemm_isa); else torch."""
     if device.type != "cpu" or dtype != torch.float32:
         return F.linear
     from dualpace.kernels import cpu as cpu_kernels
 
     if not cpu_kernels.available():
         return F.linear
+    gemm_isa = cpu_kernels.prefill_gemm_isa()
 
     def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        if x.shape[0] > _CEXT_LINEAR_MAX_ROWS or x.shape[-1] % 16 or not x.is_contiguous():
+        if x.shape[0] > _CEXT_LINEAR_MAX_ROWS:
+            if gemm_isa is None or not x.is_contiguous() or w.dtype != torch.float32:
+                return F.linear(x, w, b)
+            return cpu_kernels.gemm(x, w, b, isa=gemm_isa)
+        if x.shape[-1] % 16 or not x.is_contiguous():
             return F.linear(x, w, b)
         return cpu_kernels.linear(x, w, b)
 

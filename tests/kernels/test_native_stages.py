@@ -141,19 +141,33 @@ def test_bad_index_is_an_error_and_writes_nothing(models, bad, rows):
     assert not kv.k[0].any() and not kv.v[0].any()
 
 
+@pytest.mark.parametrize("gemm", ["torch", "cext"])
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES, ids=str)
-def test_prefill_chunks_take_the_gemm_stages_and_match_torch(models, isa, kv_dtype,
+def test_prefill_chunks_take_the_gemm_stages_and_match_torch(models, isa, kv_dtype, gemm,
                                                              monkeypatch):
-    """Above NATIVE_MAX_ROWS rows the weight-streaming stages are not called (torch's GEMM
-    wins there); the chunk stages (GEMMs around C norm, RoPE + KV append, SiLU * up) give
-    the torch stages' q, K/V and hidden, and leave their inputs and other slots alone."""
+    """Above NATIVE_MAX_ROWS rows the weight-streaming stages are not called (a GEMM wins
+    there); the chunk stages (GEMMs around C norm, RoPE + KV append, SiLU * up) give the
+    torch stages' q, K/V and hidden, and leave their inputs and other slots alone; with
+    either GEMM (``gemm_isa``: cext/gemm.c, or torch's), the torch stages on torch's."""
     cfg, native, plain = models
+    if gemm == "cext" and isa not in cpu_kernels.GEMM_ISAS:
+        pytest.skip(f"the {isa} path has no cext GEMM")
 
     def refuse(*a, **k):
         raise AssertionError("a weight-streaming stage was called for a prefill chunk")
 
+    gemm_calls = []
+
+    def counted_gemm(*a, **k):
+        gemm_calls.append(k.get("isa"))
+        return real_gemm(*a, **k)
+
+    real_gemm = cpu_kernels.gemm
+    monkeypatch.setattr(cpu_kernels, "gemm", counted_gemm)
     monkeypatch.setattr(native.native, "pre", refuse)
     monkeypatch.setattr(native.native, "post", refuse)
+    monkeypatch.setattr(native.native, "gemm_isa", isa if gemm == "cext" else None)
+    monkeypatch.setattr(plain, "linear", torch.nn.functional.linear)
     g = torch.Generator().manual_seed(11)
     hidden = torch.randn(CHUNK, cfg.hidden_size, generator=g)
     hidden_before = hidden.clone()
@@ -176,6 +190,8 @@ def test_prefill_chunks_take_the_gemm_stages_and_match_torch(models, isa, kv_dty
         _close(native.post_attention(layer, hidden, attn),
                plain.post_attention(layer, hidden, attn))
     assert torch.equal(hidden, hidden_before), "the stages must not write their inputs"
+    # QKV, O, gate/up and down per layer, on the path asked
+    assert gemm_calls == ([isa] * 4 * cfg.num_layers if gemm == "cext" else [])
 
 
 def test_why_not_native(models, monkeypatch):

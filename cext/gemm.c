@@ -1,0 +1,75 @@
+/* Driver of the prefill GEMM (gemm_body.h): out[M,N] = add + x[M,K] @ W[N,K]^T + bias.
+ *
+ * Blocked over K (DP_GEMM_KC steps) and M (DP_GEMM_MB rows): the threads pack one block of
+ * x into panels together, then each computes its columns of it against W, claimed in
+ * units of tiles as the decode linear claims rows (dp_claim_rows: contiguous shares,
+ * taken from the back of a preempted thread's). A block of x is DP_GEMM_MB * DP_GEMM_KC
+ * floats (256 KB): it stays in L2 while the W rows of a tile stay in L1, so W is read once
+ * per block of rows. Each output's sum runs over k in order, block after block, whatever
+ * the threads: its value depends neither on which thread computed it nor on how many. */
+#include <omp.h>
+#include "dp_internal.h"
+
+#define DP_GEMM_KC 512
+#define DP_GEMM_MB 128  /* a multiple of both ISAs' panel rows (16 and 32) */
+
+/* Rows [m0, m0 + rows) and K steps [k0, k0 + kc) of x into panels of mr rows:
+ * xp[p * mr * kc + k * mr + i] = x[m0 + p * mr + i][k0 + k], rows past M zero. Panels
+ * [p_lo, p_hi) only (the threads share the packing). */
+static void pack_panels(const float *x, int M, int K, int m0, int rows, int k0, int kc,
+                        int mr, int p_lo, int p_hi, float *xp) {
+    for (int p = p_lo; p < p_hi; p++) {
+        float *dst = xp + (int64_t)p * mr * kc;
+        for (int i = 0; i < mr; i++) {
+            const int m = m0 + p * mr + i;
+            if (p * mr + i < rows && m < M) {
+                const float *src = x + (int64_t)m * K + k0;
+                for (int k = 0; k < kc; k++) dst[(int64_t)k * mr + i] = src[k];
+            } else {
+                for (int k = 0; k < kc; k++) dst[(int64_t)k * mr + i] = 0.f;
+            }
+        }
+    }
+}
+
+int dp_gemm(const float *x, int M, int K, const float *w, int N, const float *bias,
+            const float *add, float *out, int isa, int num_threads) {
+    const int disa = dp_dense_isa(isa);
+    const dp_gemm_fn fn = dp_gemm_for(disa);
+    if (!fn) return -1;
+    if (M <= 0 || N <= 0 || K <= 0 || !x || !w || !out) return -2;
+    const int mr = dp_gemm_mr(disa), nr = dp_gemm_nr(disa);
+    const int nt = num_threads > 0 ? num_threads : 1;
+    const int mb = M < DP_GEMM_MB ? (M + mr - 1) / mr * mr : DP_GEMM_MB;
+    const int kcap = K < DP_GEMM_KC ? K : DP_GEMM_KC;
+    float *xp = aligned_alloc(64, ((size_t)mb * kcap * sizeof(float) + 63) / 64 * 64);
+    if (!xp) return -5;
+    /* the claims count tiles: unit u of the shares is tile u (dp_claim_rows hands out
+     * multiples of DP_UNIT_ROWS "rows") */
+    const int tiles = (N + nr - 1) / nr;
+    dp_share sh[nt];
+#pragma omp parallel num_threads(nt)
+    {
+        const int t = omp_get_thread_num(), T = omp_get_num_threads();
+        for (int k0 = 0; k0 < K; k0 += DP_GEMM_KC) {
+            const int kc = K - k0 < DP_GEMM_KC ? K - k0 : DP_GEMM_KC;
+            for (int m0 = 0; m0 < M; m0 += mb) {
+                const int rows = M - m0 < mb ? M - m0 : mb;
+                const int panels = (rows + mr - 1) / mr;
+                pack_panels(x, M, K, m0, rows, k0, kc, mr, panels * t / T,
+                            panels * (t + 1) / T, xp);
+                if (t == 0) dp_shares_init(sh, tiles * DP_UNIT_ROWS, T);
+#pragma omp barrier
+                for (int lo, hi; dp_claim_rows(sh, T, t, tiles * DP_UNIT_ROWS, &lo, &hi);) {
+                    const int n_lo = lo / DP_UNIT_ROWS * nr;
+                    const int n_hi = hi / DP_UNIT_ROWS * nr < N ? hi / DP_UNIT_ROWS * nr : N;
+                    fn(xp, rows, kc, w + k0, K, n_lo, n_hi, bias,
+                       add ? add + (int64_t)m0 * N : NULL, out + (int64_t)m0 * N, N, k0 == 0);
+                }
+#pragma omp barrier
+            }
+        }
+    }
+    free(xp);
+    return 0;
+}
