@@ -633,6 +633,12 @@ PLANTS = [
           "            return cpu_kernels.gemm(x.contiguous(), w, bias, None, out=out, "
           "isa=self.gemm_isa)",
           (CHUNK_TEST,)),
+    Plant("decode-batches-skip-the-gemm", "decode batches of 16-128 rows keep the fused "
+          "decode-sized stages where the GEMM is faster", "dualpace/model/stages.py",
+          "        return rows <= NATIVE_MAX_ROWS and rows < self.native.gemm_from_rows",
+          "        return rows <= NATIVE_MAX_ROWS",
+          ("tests/kernels/test_native_stages.py::"
+           "test_decode_batches_from_gemm_min_rows_take_the_gemm",)),
     Plant("decode-layers-never-pause", "the one-call decode step ignores a raised Dense Assist "
           "word until its last layer", "cext/decode_layers.c",
           "            raised |= __atomic_load_n(pause_words[i], __ATOMIC_ACQUIRE) == pause_value;",

@@ -22,6 +22,12 @@ wakes from sleep (the short OpenMP spin of runtime/supervisor.py when two tiers 
 a 256-token prefill of the llama.cpp comparison model took 97 ms with that spin against 86
 without, and its elementwise ops a quarter of the step (issue 14's single-stream TTFT).
 
+Decode batches of GEMM_MIN_ROWS (16) rows or more take the same chunk stages where the cext
+GEMM runs them, and their LM head the GEMM: on that path the GEMM is 1.24-1.54x the
+weight-streaming linear from 16 rows (bench/decode_throughput.py at batch 32: 1.24-1.30x
+tokens/s). A row's rounding then depends on whether its batch has 16 rows, as it does on
+the AMX path from 4.
+
 Used only where it computes what the torch stages compute up to rounding: CPU, no
 tensor-parallel all-reduce, and projection widths that are multiples of 16. The C stages
 compute in fp32; a bf16 or fp16 model (the CPU worker's default where the CPU has AMX,
@@ -48,6 +54,11 @@ from dualpace.model.weights import ModelWeights
 
 # Above this many rows (prefill chunks) torch's GEMM beats the weight-streaming kernel.
 NATIVE_MAX_ROWS = 128
+# From this many rows the cext GEMM (where gemm_isa has one) beats the weight-streaming
+# kernel: decode batches that large take the chunk stages too. Measured on the comparison
+# model's projections (AVX2, Zen 1, 2 threads): 1.24-1.54x at 16-128 rows, 0.71-0.79x at 8
+# (a 16-row panel half empty).
+GEMM_MIN_ROWS = 16
 
 _DTYPE_CODES = cpu_kernels.DTYPE_CODES
 _ERRORS = {-3: "positions: a position is outside the RoPE table",
@@ -119,6 +130,9 @@ class NativeStages:
         # (cpu_kernels.prefill_gemm_isa), else torch's; fp32 weights only
         self.gemm_isa = (cpu_kernels.prefill_gemm_isa()
                          if weights.layers[0].qkv.dtype == torch.float32 else None)
+        # the smallest batch that takes the chunk stages (GEMMs) rather than the fused
+        # decode-sized ones
+        self.gemm_from_rows = GEMM_MIN_ROWS if self.gemm_isa else NATIVE_MAX_ROWS + 1
         self.layers = []
         for lw in weights.layers:
             s = ffi.new("dp_layer_weights *")
@@ -366,10 +380,14 @@ class NativeStages:
             serve()
 
     def final(self, hidden_rows: torch.Tensor) -> torch.Tensor:
-        """Final RMSNorm + LM head -> fp32 logits [T, V]."""
+        """Final RMSNorm + LM head -> fp32 logits [T, V]; from ``gemm_from_rows`` rows the
+        norm in C and the head on the GEMM."""
         ffi = self.ffi
         T, H = hidden_rows.shape
         hidden_rows = self._in(hidden_rows)
+        if self.gemm_from_rows <= T:
+            x = self._norm_rows(hidden_rows.contiguous(), _ptr(ffi, self.final_norm))
+            return cpu_kernels.gemm(x, self.lm_head, isa=self.gemm_isa)
         out = torch.empty(T, self.lm_head.shape[0], dtype=torch.float32)
         rc = self.lib.dp_norm_linear(
             _ptr(ffi, hidden_rows), T, H, _ptr(ffi, self.final_norm), self.cfg.rms_norm_eps,

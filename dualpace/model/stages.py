@@ -161,13 +161,18 @@ class StagedModel:
     def _native_for(self, rows: int) -> NativeStages | None:
         return self.native if rows <= NATIVE_MAX_ROWS else None
 
+    def _decode_sized(self, rows: int) -> bool:
+        """Whether ``rows`` take the fused decode-sized native stages: up to NATIVE_MAX_ROWS
+        and below the native stages' ``gemm_from_rows`` (where the GEMM wins)."""
+        return rows <= NATIVE_MAX_ROWS and rows < self.native.gemm_from_rows
+
     def _native_stage(self, rows: int, decode_sized, chunk):
-        """The native stage for ``rows`` (``decode_sized`` up to NATIVE_MAX_ROWS, else
+        """The native stage for ``rows`` (``decode_sized`` where ``_decode_sized``, else
         ``chunk``), or None: the torch stage (no native stages, or a mixed-precision
         model's prefill chunk)."""
         if self.native is None:
             return None
-        if rows <= NATIVE_MAX_ROWS:
+        if self._decode_sized(rows):
             return decode_sized
         return None if self.native.mixed else chunk
 
@@ -247,13 +252,13 @@ class StagedModel:
         """Whether ``decode_layers`` runs this step (else it returns None)."""
         return (self.native is not None
                 and self.decode_attention == self.native.decode_attention
-                and batch.is_decode and hidden.shape[0] <= NATIVE_MAX_ROWS)
+                and batch.is_decode and self._decode_sized(hidden.shape[0]))
 
     def decode_layers(self, hidden: torch.Tensor, batch: ForwardBatch, kv,
                       pause: tuple | None = None) -> tuple[torch.Tensor, float] | None:
         """Every layer of a decode step as one native call (native_stages.py): (hidden after
         the last layer, seconds in attention), or None where that call does not apply (no
-        native stages, a prefill or a batch above NATIVE_MAX_ROWS, an attention other than
+        native stages, a prefill or a batch the GEMMs take, an attention other than
         the C kernel): the caller then runs ``layer`` by layer. Counts the attention calls
         as ``attention`` does. ``pause``: NativeStages.decode_layers' (words, value, serve)."""
         if not self.runs_decode_layers(hidden, batch):

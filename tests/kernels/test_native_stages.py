@@ -16,7 +16,7 @@ from dualpace.kernels import cpu as cpu_kernels
 from dualpace.kv.cache import KVCache
 from dualpace.model import native_stages
 from dualpace.model.config import load_model_config
-from dualpace.model.native_stages import NATIVE_MAX_ROWS, why_not_native
+from dualpace.model.native_stages import GEMM_MIN_ROWS, NATIVE_MAX_ROWS, why_not_native
 from dualpace.model.stages import StagedModel
 from dualpace.model.weights import load_weights
 
@@ -120,7 +120,7 @@ def test_silu_over_its_whole_range(models, isa, monkeypatch):
     _close(nat.post(0, hidden, attn), plain_big.post_attention(0, hidden, attn))
 
 
-CHUNK = NATIVE_MAX_ROWS + 9  # a prefill chunk: torch's GEMMs, the elementwise phases in C
+CHUNK = NATIVE_MAX_ROWS + 9  # a prefill chunk: GEMMs, the elementwise phases in C
 
 
 @pytest.mark.parametrize("rows", [2, CHUNK])
@@ -527,3 +527,37 @@ def test_mixed_decode_layers_matches_the_layer_loop(bf16_models, isa):
     assert _rel(got, want) < 3e-2
     for a, b in zip(kv_a.k + kv_a.v, kv_b.k + kv_b.v):
         assert _rel(b, a) < 3e-2
+
+
+@pytest.mark.parametrize("rows", [GEMM_MIN_ROWS - 1, GEMM_MIN_ROWS])
+def test_decode_batches_from_gemm_min_rows_take_the_gemm(models, isa, rows, monkeypatch):
+    """Where the path has the cext GEMM, a decode batch of GEMM_MIN_ROWS rows or more takes
+    the chunk stages and the GEMM LM head (four projections a layer and the head through
+    ``gemm``), not the fused decode-sized stages nor the one-call step; one row fewer takes
+    those. Either way the logits are the torch stages'."""
+    cfg, native, plain = models
+    if isa not in cpu_kernels.GEMM_ISAS:
+        pytest.skip(f"the {isa} path has no cext GEMM")
+    monkeypatch.setattr(native.native, "gemm_isa", isa)
+    monkeypatch.setattr(native.native, "gemm_from_rows", GEMM_MIN_ROWS)
+    monkeypatch.setattr(plain, "linear", torch.nn.functional.linear)
+    calls = []
+    real_gemm = cpu_kernels.gemm
+
+    def counted_gemm(*a, **k):
+        calls.append(k.get("isa"))
+        return real_gemm(*a, **k)
+
+    monkeypatch.setattr(cpu_kernels, "gemm", counted_gemm)
+    fb, blocks = _decode_batch(cfg, [3 + 5 * j for j in range(rows)])
+    kv_n, kv_t = _filled_kv(cfg, torch.float32, blocks), _filled_kv(cfg, torch.float32, blocks)
+    hidden = native.pre_layer(fb.input_ids)
+    assert native.runs_decode_layers(hidden, fb) == (rows < GEMM_MIN_ROWS)
+    got, want = hidden, hidden
+    for i in range(cfg.num_layers):
+        got = native.layer(i, got, fb, kv_n)
+        want = plain.layer(i, want, fb, kv_t)
+    _close(got, want)
+    logits_n, logits_t = native.post_layer(got), plain.post_layer(want)
+    _close(logits_n, logits_t, 1e-4)
+    assert calls == ([isa] * (4 * cfg.num_layers + 1) if rows >= GEMM_MIN_ROWS else [])
