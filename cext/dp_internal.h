@@ -98,15 +98,16 @@ static inline int dp_use_amx(int isa, int w_dtype, int M, int K) {
     return isa == DP_ISA_AMX && w_dtype == DP_BF16 && M >= DP_AMX_MIN_ROWS && K % 32 == 0;
 }
 
-uint16_t *dp_amx_scratch(size_t bytes);
+/* The calling thread's kept scratch buffer (linear.c), valid until its next call. */
+void *dp_thread_scratch(size_t bytes);
 
 /* The packed-x buffer of a call whose bf16 projections of M rows may take the tiles, room
  * for the widest input (K_max), or NULL: they all take the AVX-512 body (not the AMX path,
  * too few rows, no tile state from the OS, or no memory). The calling thread's own buffer
- * (dp_amx_scratch), valid until its next call: not freed by the caller. */
+ * (dp_thread_scratch), valid until its next call: not freed by the caller. */
 static inline uint16_t *dp_amx_buffer(int isa, int w_dtype, int M, int K_max) {
     if (!dp_use_amx(isa, w_dtype, M, 32) || !dp_amx_enable()) return NULL;
-    return dp_amx_scratch(dp_amx_packed_bytes(M, K_max));
+    return (uint16_t *)dp_thread_scratch(dp_amx_packed_bytes(M, K_max));
 }
 /* Inside a region, by every thread: x packed into buf for a projection that takes the tiles,
  * then a barrier; returns buf, or NULL (no barrier) when the projection takes the body. */

@@ -32,21 +32,6 @@ static void pack_panels(const float *x, int M, int K, int m0, int rows, int k0, 
     }
 }
 
-/* The calling thread's packing buffer, grown as needed and kept: an allocation of this
- * size per call is a fresh mmap whose pages fault in on every call (a decode step at batch
- * 32 makes 33 calls). */
-static float *gemm_scratch(size_t bytes) {
-    static __thread float *buf;
-    static __thread size_t cap;
-    if (bytes > cap) {
-        free(buf);
-        cap = (bytes + 4095) / 4096 * 4096;
-        buf = (float *)aligned_alloc(64, cap);
-        if (!buf) cap = 0;
-    }
-    return buf;
-}
-
 int dp_gemm(const float *x, int M, int K, const float *w, int N, const float *bias,
             const float *add, float *out, int isa, int num_threads) {
     const int disa = dp_dense_isa(isa);
@@ -57,7 +42,7 @@ int dp_gemm(const float *x, int M, int K, const float *w, int N, const float *bi
     const int nt = num_threads > 0 ? num_threads : 1;
     const int mb = M < DP_GEMM_MB ? (M + mr - 1) / mr * mr : DP_GEMM_MB;
     const int kcap = K < DP_GEMM_KC ? K : DP_GEMM_KC;
-    float *xp = gemm_scratch((size_t)mb * kcap * sizeof(float));
+    float *xp = (float *)dp_thread_scratch((size_t)mb * kcap * sizeof(float));
     if (!xp) return -5;
     /* the claims count tiles: unit u of the shares is tile u (dp_claim_rows hands out
      * multiples of DP_UNIT_ROWS "rows") */

@@ -20,3 +20,21 @@ int dp_linear(const float *x, int M, int K, const void *w, int w_dtype, int N,
     }
     return 0;
 }
+
+/* A buffer of at least ``bytes`` owned by the calling thread, grown as needed and kept: the
+ * AMX path's packed x (dp_amx_buffer) and the prefill GEMM's panels (gemm.c) were allocated
+ * and freed per projection before, and a buffer above malloc's mmap threshold faulted its
+ * pages in afresh on every call (a large model's 128-row batch; 33 GEMM calls a decode step
+ * at batch 32). Each call uses it only while it runs, so one per thread serves both. NULL
+ * when out of memory. */
+void *dp_thread_scratch(size_t bytes) {
+    static __thread void *buf;
+    static __thread size_t cap;
+    if (bytes > cap) {
+        free(buf);
+        cap = (bytes + 4095) / 4096 * 4096;
+        buf = aligned_alloc(64, cap);
+        if (!buf) cap = 0;
+    }
+    return buf;
+}

@@ -50,22 +50,6 @@ static inline void amx_config(void) {
     _tile_loadconfig(&c);
 }
 
-/* A buffer of at least ``bytes`` owned by the calling thread, grown as needed and kept: a
- * call per projection of each layer allocated and freed it before, and for a large model's
- * 128-row batch (megabytes, above malloc's mmap threshold) every call faulted its pages in
- * afresh. NULL when out of memory. */
-uint16_t *dp_amx_scratch(size_t bytes) {
-    static __thread uint16_t *buf;
-    static __thread size_t cap;
-    if (bytes > cap) {
-        free(buf);
-        cap = (bytes + 4095) / 4096 * 4096;
-        buf = (uint16_t *)aligned_alloc(64, cap);
-        if (!buf) cap = 0;
-    }
-    return buf;
-}
-
 size_t dp_amx_packed_bytes(int M, int K) {
     return (size_t)((M + 15) / 16) * (size_t)K * 32;
 }
