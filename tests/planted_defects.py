@@ -626,6 +626,36 @@ PLANTS = [
           "    for (int j = 0; j < nr; j++) {\n        VEC a = vzero(), b = vzero();",
           "    for (int j = 0; j < nr - 1; j++) {\n        VEC a = vzero(), b = vzero();",
           ("tests/kernels/test_gemm.py::test_gemm_matches_float64",)),
+    Plant("gemm-k-blocks-by-threads", "the prefill GEMM's K blocks shrink with the thread "
+          "count, so a row's rounding depends on it", "cext/gemm.c",
+          "        for (int k0 = 0; k0 < K; k0 += DP_GEMM_KC) {\n"
+          "            const int kc = K - k0 < DP_GEMM_KC ? K - k0 : DP_GEMM_KC;",
+          "        const int ks = DP_GEMM_KC / T;\n"
+          "        for (int k0 = 0; k0 < K; k0 += ks) {\n"
+          "            const int kc = K - k0 < ks ? K - k0 : ks;",
+          ("tests/kernels/test_gemm.py::test_rows_do_not_depend_on_the_batch_or_the_threads",)),
+    Plant("gemm-out-overlap-unchecked", "gemm lets out overlap its own input x",
+          "dualpace/kernels/cpu.py",
+          "    elif (any(t is not None and _overlaps(t, out) for t in (x, weight, bias))",
+          "    elif (any(t is not None and _overlaps(t, out) for t in (weight, bias))",
+          ("tests/kernels/test_gemm.py::test_bad_arguments_are_refused",)),
+    Plant("prefill-gemm-auto-everywhere", "auto picks the unmeasured AVX-512 GEMM too",
+          "dualpace/kernels/cpu.py",
+          "    return path if flag == \"cext\" or path == \"avx2\" else None",
+          "    return path",
+          ("tests/kernels/test_gemm.py::test_the_prefill_gemm_choice",)),
+    Plant("prefill-gemm-env-unchecked", "a bad $DUALPACE_PREFILL_GEMM passes resolution (each "
+          "worker then fails on its own)", "dualpace/resolved.py",
+          "        cpu.prefill_gemm_isa()  # $DUALPACE_PREFILL_GEMM validated here too, as the "
+          "ISA is",
+          "        pass",
+          ("tests/test_resolved_config.py::test_bad_isa_fails_in_resolution",)),
+    Plant("prefill-gemm-bench-one-core-peak", "bench/prefill_gemm.py's roofline counts one "
+          "core whatever the threads", "bench/prefill_gemm.py",
+          "        peak = fma_per_s * lanes * 2 * threads",
+          "        peak = fma_per_s * lanes * 2",
+          ("tests/bench/test_prefill_gemm.py::"
+           "test_the_bench_reports_each_path_against_its_roofline",)),
     Plant("chunk-gemm-drops-residual", "a prefill chunk's O projection on the cext GEMM loses "
           "the residual", "dualpace/model/native_stages.py",
           "            return cpu_kernels.gemm(x.contiguous(), w, bias, add, out=out, "

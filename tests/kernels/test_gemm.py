@@ -107,6 +107,17 @@ def test_the_prefill_gemm_choice(monkeypatch):
     monkeypatch.setattr(cpu_kernels, "_default_isa", "scalar")
     monkeypatch.setenv("DUALPACE_PREFILL_GEMM", "cext")
     assert cpu_kernels.prefill_gemm_isa() is None
+    # the rule for each path, whatever this host has
+    for name, auto, cext in (("avx2", "avx2", "avx2"), ("avx512", None, "avx512"),
+                             ("avx512_bf16", None, "avx512_bf16"), ("amx", None, "amx"),
+                             ("scalar", None, None)):
+        monkeypatch.setattr(cpu_kernels, "resolve_isa", lambda name=None, p=name: p)
+        monkeypatch.setenv("DUALPACE_PREFILL_GEMM", "auto")
+        assert cpu_kernels.prefill_gemm_isa() == auto, name
+        monkeypatch.setenv("DUALPACE_PREFILL_GEMM", "cext")
+        assert cpu_kernels.prefill_gemm_isa() == cext, name
+        monkeypatch.setenv("DUALPACE_PREFILL_GEMM", "torch")
+        assert cpu_kernels.prefill_gemm_isa() is None, name
     monkeypatch.setenv("DUALPACE_PREFILL_GEMM", "fast")
     with pytest.raises(ValueError, match="DUALPACE_PREFILL_GEMM"):
         cpu_kernels.prefill_gemm_isa()
