@@ -35,6 +35,20 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> floa
     return statistics.median(times)
 
 
+def turns(fns: list[Callable[[], object]], repeats: int) -> list[list[float]]:
+    """Seconds of each fn, called in turns ``repeats`` times after one warm-up turn, so
+    that every fn meets the same states of a shared host."""
+    for f in fns:
+        f()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for f, ts in zip(fns, times):
+            t0 = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t0)
+    return times
+
+
 def dram_read_bandwidth(threads: int | None = None, mib: int = 512, repeats: int = 5) -> float:
     """Bytes/s a C/OpenMP streaming read reaches with ``threads`` threads (same as kernels)."""
     from dualpace.kernels import cpu

@@ -16,29 +16,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
-from common import emit
+from common import emit, turns
 
 from dualpace.kernels import cpu
 
 SHAPES = {"qkv-512": (1536, 512), "o-512": (512, 512), "gate_up-512": (2752, 512),
           "down-512": (512, 1376), "qkv-8b": (6144, 4096), "down-8b": (4096, 14336)}
-
-
-def turns(fns: list, repeats: int) -> list[list[float]]:
-    """Seconds of each fn, called in turns ``repeats`` times after one warm-up turn."""
-    for f in fns:
-        f()
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
-        for f, ts in zip(fns, times):
-            t0 = time.perf_counter()
-            f()
-            ts.append(time.perf_counter() - t0)
-    return times
 
 
 def main() -> None:

@@ -151,6 +151,11 @@ double dp_stream_read_avx2(const float *buf, int64_t n) {
 #define GEMM_FN dp_gemm_avx2
 #include "gemm_body.h"
 
+#define PFA_R 6  /* 12 accumulators + 2 loads + a broadcast: 15 of the 16 ymm */
+#define PFA_ROWS(S) S(0) S(1) S(2) S(3) S(4) S(5)
+#define PFA_ITEM_FN dp_pfa_item_avx2
+#include "prefill_attention_body.h"
+
 static inline __attribute__((always_inline)) VEC vsilu(VEC g) {
     const __m256 e = exp8(_mm256_or_ps(g, _mm256_set1_ps(-0.f)));  /* exp(-|g|) */
     const __m256 neg = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ);

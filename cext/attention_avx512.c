@@ -38,6 +38,11 @@ static inline __attribute__((always_inline)) void tile_sums(VEC acc[4][4], int m
 #define GEMM_FN dp_gemm_avx512
 #include "gemm_body.h"
 
+#define PFA_R 12  /* 24 accumulators + 2 loads + a broadcast, of the 32 zmm */
+#define PFA_ROWS(S) S(0) S(1) S(2) S(3) S(4) S(5) S(6) S(7) S(8) S(9) S(10) S(11)
+#define PFA_ITEM_FN dp_pfa_item_avx512
+#include "prefill_attention_body.h"
+
 static inline __attribute__((always_inline)) VEC vsilu(VEC g) {
     const __m512 e = exp16(_mm512_or_ps(g, _mm512_set1_ps(-0.f)));  /* exp(-|g|) */
     const __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);

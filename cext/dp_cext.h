@@ -53,6 +53,19 @@ int dp_linear(const float *x, int M, int K, const void *w, int w_dtype, int N,
 int dp_gemm(const float *x, int M, int K, const float *w, int N, const float *bias,
             const float *add, float *out, int isa, int num_threads);
 
+/* Causal prefill attention over one layer of an HND KV pool (prefill_attention.c): the new
+ * rows q[query_start[b] .. query_start[b + 1]) of sequence b sit at positions
+ * seq_lens[b] - rows .. seq_lens[b] - 1, their KV already appended, and each attends to
+ * the sequence's tokens up to its own. q, out [T, Hq, D] fp32; k/v [num_blocks, Hkv, BS, D]
+ * of kv_dtype; block_tables [B, max_blocks]; query_start [B + 1]. isa: AVX2 or AVX-512
+ * (and the paths built on it); -1 for the scalar path, -2 bad sizes, -3 a length out of
+ * range, -4 a block id out of range, -5 out of memory. */
+int dp_prefill_attention(const float *q, const void *k_cache, const void *v_cache,
+                         int kv_dtype, const int32_t *block_tables, int max_blocks,
+                         const int32_t *query_start, const int32_t *seq_lens, float *out,
+                         int B, int Hq, int Hkv, int D, int BS, int num_blocks, float scale,
+                         int isa, int num_threads);
+
 /* One decoder layer's dense stages for decode-sized batches (layer.c). Weights are the
  * packed tensors of model/weights.py (W [N, K] row-major, w_dtype); norms and biases fp32,
  * NULL when the model has none. cos/sin: the RoPE tables [max_positions, head_dim] fp32. */

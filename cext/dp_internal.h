@@ -31,6 +31,31 @@ void dp_attn_item_avx512(const dp_attn_args *, int, int, int, int, int, float *,
 void dp_attn_item_avx512bf16(const dp_attn_args *, int, int, int, int, int, float *, float *,
                              float *, float *);
 
+/* Causal prefill attention (prefill_attention.c): each sequence b's new rows
+ * q[query_start[b] .. query_start[b + 1]) at positions seq_lens[b] - rows .. seq_lens[b] - 1. */
+typedef struct {
+    const float *q; float *out;  /* [T, Hq, D] fp32 */
+    const void *k_cache, *v_cache; int kv_dtype;
+    const int32_t *block_tables; int max_blocks;
+    const int32_t *query_start, *seq_lens;
+    int Hq, Hkv, D, BS, G;
+    float scale;
+} dp_pfa_args;
+/* One item (prefill_attention_body.h): sequence b, KV head h, query vectors [v_lo, v_hi)
+ * (vector v: row v / G, head h * G + v % G), at most DP_PFA_ITEM_VECS of them; ws holds
+ * dp_pfa_ws_floats(D) floats. */
+typedef void (*dp_pfa_item_fn)(const dp_pfa_args *a, int b, int h, int v_lo, int v_hi,
+                               float *ws);
+void dp_pfa_item_avx2(const dp_pfa_args *, int, int, int, int, float *);
+void dp_pfa_item_avx512(const dp_pfa_args *, int, int, int, int, float *);
+#define DP_PFA_KCH 256       /* keys per chunk: a multiple of both ISAs' key tiles (16, 32) */
+#define DP_PFA_ITEM_VECS 96  /* a multiple of both ISAs' tiles (6, 12 vectors) */
+#define DP_PFA_R_MAX 12
+static inline int64_t dp_pfa_ws_floats(int D) {
+    return 2 * (int64_t)DP_PFA_ITEM_VECS * D + 2 * DP_PFA_ITEM_VECS
+         + (int64_t)DP_PFA_R_MAX * DP_PFA_KCH + 2 * (int64_t)DP_PFA_KCH * D;
+}
+
 /* An attention item's walk over its tokens [t, t1), block by block: the rows n of the block
  * holding token t, the byte offset of KV head h0's first of them in the caches (*base), and
  * the distance from them to the same rows of the next block (*nxt, 0 at the end of the

@@ -61,13 +61,28 @@ def default_decode_attention(device: torch.device) -> DecodeAttention:
     return paged_decode_attention_ref
 
 
+def default_prefill_attention(device: torch.device):
+    """On CPU with the cext built, kernels/prefill_attention.py's choice per call: the C
+    causal kernel where the ISA path has it (the causal half of the scores: 2.1x torch's
+    SDPA on a 256-token prompt, AVX2, Zen 1), else the torch reference; elsewhere the
+    reference."""
+    if device.type == "cpu":
+        from dualpace.kernels import cpu as cpu_kernels
+
+        if cpu_kernels.available():
+            from dualpace.kernels import prefill_attention
+
+            return prefill_attention.prefill_attention
+    return ragged_paged_attention
+
+
 ATTENTION_BACKENDS = ("torch", "triton", "flashinfer")
 
 
 def attention_functions(backend: str, device: torch.device, cfg: ModelConfig | None = None,
                         block_size: int = 16):
-    """(decode, prefill) attention for a backend: "torch" is the C kernel on CPU (when built)
-    or the torch reference, with the reference's ragged prefill; "triton" is
+    """(decode, prefill) attention for a backend: "torch" is the C kernels on CPU (when
+    built; the scalar path's prefill is the reference's) or the torch reference; "triton" is
     model/attention_triton.py (CUDA, or CPU tensors under TRITON_INTERPRET=1), imported only
     when chosen: Triton decides at import whether its kernels are compiled or interpreted;
     "flashinfer" (CUDA) is one planned object for both, which takes the whole batch."""
@@ -84,7 +99,7 @@ def attention_functions(backend: str, device: torch.device, cfg: ModelConfig | N
     if backend != "torch":
         raise ValueError(f"attention backend: expected one of {ATTENTION_BACKENDS}, "
                          f"got {backend!r}")
-    return default_decode_attention(device), ragged_paged_attention
+    return default_decode_attention(device), default_prefill_attention(device)
 
 
 def default_linear(device: torch.device, dtype: torch.dtype) -> Linear:
