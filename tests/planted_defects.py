@@ -656,6 +656,28 @@ PLANTS = [
           "        peak = fma_per_s * lanes * 2",
           ("tests/bench/test_prefill_gemm.py::"
            "test_the_bench_reports_each_path_against_its_roofline",)),
+    Plant("prefill-attn-sees-next-key", "the C prefill attention lets each row see the "
+          "key after its own", "cext/prefill_attention_body.h",
+          "                const int seen = ctx + PFA_VEC(i0 + j) / G + 1 - c0;",
+          "                const int seen = ctx + PFA_VEC(i0 + j) / G + 2 - c0;",
+          ("tests/kernels/test_prefill_attention.py::test_the_causal_mask_is_exact",)),
+    Plant("prefill-attn-no-rescale", "the C prefill attention never rescales a row's output "
+          "when its running max grows in a later key chunk", "cext/prefill_attention_body.h",
+          "    if (alpha != 1.f) {", "    if (alpha == 0.f) {",
+          ("tests/kernels/test_prefill_attention.py::test_matches_the_reference",)),
+    # Only the 16-lane body has that tail (head dims are multiples of 16): caught on an
+    # AVX-512 host, where the AVX-512 cases of the test run; MISSED on an AVX2-only one.
+    Plant("prefill-attn-d-tail-dropped", "the C prefill attention skips the last VW of a head "
+          "dim that is an odd number of VW (AVX-512 hosts only)", "cext/prefill_attention_body.h",
+          "            if (d0 < D) pfa_pv_tile1(s, vc, width, D, d0, ot);",
+          "            (void)pfa_pv_tile1;",
+          ("tests/kernels/test_prefill_attention.py::test_matches_the_reference",)),
+    Plant("prefill-attn-scalar-unchecked", "serving's prefill attention calls the C kernel on "
+          "the scalar path too", "dualpace/kernels/prefill_attention.py",
+          "    if has_path() and D % 16 == 0 and 16 <= D <= 512:",
+          "    if cpu_kernels.available() and D % 16 == 0 and 16 <= D <= 512:",
+          ("tests/kernels/test_prefill_attention.py::"
+           "test_serving_takes_it_on_vector_paths_only",)),
     Plant("chunk-gemm-drops-residual", "a prefill chunk's O projection on the cext GEMM loses "
           "the residual", "dualpace/model/native_stages.py",
           "            return cpu_kernels.gemm(x.contiguous(), w, bias, add, out=out, "
