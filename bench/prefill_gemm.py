@@ -9,7 +9,7 @@ torch, kernel, ...) so both meet the same state of a shared host, and each as a 
 the FMA roofline of the same run: ``cpu.fma_rate`` (vector FMAs a second on one core) x
 lanes x 2 flops x threads. ``speedup_vs_torch`` is the median of the per-turn ratios. Each
 vector path this CPU has is reported (``--isas``), so an AVX-512 host says whether its
-tiles beat MKL there too (``cpu_kernels.prefill_gemm_isa`` picks them only on AVX2 now).
+tiles beat MKL there too (``cpu_kernels.prefill_gemm_isa`` picks them on AMD's).
 """
 
 from __future__ import annotations

@@ -639,11 +639,17 @@ PLANTS = [
           "    elif (any(t is not None and _overlaps(t, out) for t in (x, weight, bias))",
           "    elif (any(t is not None and _overlaps(t, out) for t in (weight, bias))",
           ("tests/kernels/test_gemm.py::test_bad_arguments_are_refused",)),
-    Plant("prefill-gemm-auto-everywhere", "auto picks the unmeasured AVX-512 GEMM too",
-          "dualpace/kernels/cpu.py",
-          "    return path if flag == \"cext\" or path == \"avx2\" else None",
-          "    return path",
+    Plant("prefill-gemm-auto-everywhere", "auto picks the AVX-512 GEMM on Intel hosts too, "
+          "where it is not measured against MKL", "dualpace/kernels/cpu.py",
+          "    if flag == \"cext\" or path == \"avx2\" or cpu_vendor() in "
+          "_GEMM_AUTO_AVX512_VENDORS:",
+          "    if True:",
           ("tests/kernels/test_gemm.py::test_the_prefill_gemm_choice",)),
+    Plant("gemm-decode-rows-every-path", "decode batches from 16 rows take the GEMM on the "
+          "AVX-512 paths too, where the fused stages are faster", "dualpace/model/native_stages.py",
+          "    return GEMM_MIN_ROWS if gemm_isa == \"avx2\" else NATIVE_MAX_ROWS + 1",
+          "    return GEMM_MIN_ROWS if gemm_isa else NATIVE_MAX_ROWS + 1",
+          ("tests/kernels/test_native_stages.py::test_gemm_min_rows_by_path",)),
     Plant("prefill-gemm-env-unchecked", "a bad $DUALPACE_PREFILL_GEMM passes resolution (each "
           "worker then fails on its own)", "dualpace/resolved.py",
           "        cpu.prefill_gemm_isa()  # $DUALPACE_PREFILL_GEMM validated here too, as the "

@@ -384,13 +384,40 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
+def vendor_from_cpuinfo(lines) -> str:
+    """The vendor_id of /proc/cpuinfo's lines (its first processor's), or ""."""
+    for line in lines:
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "vendor_id":
+            return value.strip()
+    return ""
+
+
+@functools.cache
+def cpu_vendor() -> str:
+    """CPUID's vendor string as Linux reports it (``AuthenticAMD``, ``GenuineIntel``), or
+    "" where /proc/cpuinfo does not say."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return vendor_from_cpuinfo(f)
+    except OSError:
+        return ""
+
+
+# Where ``auto`` takes the cext GEMM: the paths, and for the AVX-512 ones the vendors, on
+# which bench/prefill_gemm.py measured it ahead of torch's (MKL) GEMM. AVX2, AMD Zen 1, 2
+# threads: 1.26-1.32x on the comparison model's QKV and gate/up, 1.01-1.03x on O and down.
+# AVX-512, AMD Zen 4, 2 threads: 1.02-1.58x (median 1.25x) over the same six shapes, and a
+# 256-token prefill of the comparison model 1.21x faster forward for forward. On Intel's
+# AVX-512 hosts MKL has not been measured against it, so torch's stays there.
+_GEMM_AUTO_AVX512_VENDORS = ("AuthenticAMD",)
+
+
 def prefill_gemm_isa() -> str | None:
     """The ISA path whose GEMM (``gemm``) runs prefill-sized fp32 projections, or None:
     torch's. $DUALPACE_PREFILL_GEMM: ``cext`` (wherever the path has one), ``torch``, or
-    ``auto`` (default): cext on the AVX2 path only. Measured there (bench/prefill_gemm.py,
-    AMD Zen 1, one core): 0.90-0.92 of the FMA peak against MKL's 0.68-0.78 through torch;
-    the AVX-512 tiles are tested but not yet measured against MKL on an AVX-512 host, so
-    they are not the default."""
+    ``auto`` (default): cext on the AVX2 path, and on the AVX-512 paths of the vendors
+    where it was measured faster (``_GEMM_AUTO_AVX512_VENDORS``: AMD)."""
     flag = os.environ.get("DUALPACE_PREFILL_GEMM", "auto").strip().lower() or "auto"
     if flag not in ("auto", "cext", "torch"):
         raise ValueError(f"DUALPACE_PREFILL_GEMM: expected auto, cext or torch, got {flag!r}")
@@ -399,7 +426,9 @@ def prefill_gemm_isa() -> str | None:
     path = resolve_isa()
     if path not in GEMM_ISAS:
         return None
-    return path if flag == "cext" or path == "avx2" else None
+    if flag == "cext" or path == "avx2" or cpu_vendor() in _GEMM_AUTO_AVX512_VENDORS:
+        return path
+    return None
 
 
 def argmax_rows(x: torch.Tensor, *, isa: str | None = None) -> torch.Tensor:

@@ -23,9 +23,10 @@ a 256-token prefill of the llama.cpp comparison model took 97 ms with that spin 
 without, and its elementwise ops a quarter of the step (issue 14's single-stream TTFT).
 
 Decode batches of GEMM_MIN_ROWS (16) rows or more take the same chunk stages where the cext
-GEMM runs them, and their LM head the GEMM: on that path the GEMM is 1.24-1.54x the
-weight-streaming linear from 16 rows (bench/decode_throughput.py at batch 32: 1.24-1.30x
-tokens/s). A row's rounding then depends on whether its batch has 16 rows, as it does on
+GEMM of the AVX2 path runs them, and their LM head the GEMM: there the GEMM is 1.24-1.54x
+the weight-streaming linear from 16 rows (bench/decode_throughput.py at batch 32:
+1.24-1.30x tokens/s); on the AVX-512 paths it is not, and only prefill chunks take it
+(gemm_min_rows). A row's rounding then depends on whether its batch has 16 rows, as it does on
 the AMX path from 4.
 
 Used only where it computes what the torch stages compute up to rounding: CPU, no
@@ -54,11 +55,20 @@ from dualpace.model.weights import ModelWeights
 
 # Above this many rows (prefill chunks) torch's GEMM beats the weight-streaming kernel.
 NATIVE_MAX_ROWS = 128
-# From this many rows the cext GEMM (where gemm_isa has one) beats the weight-streaming
-# kernel: decode batches that large take the chunk stages too. Measured on the comparison
-# model's projections (AVX2, Zen 1, 2 threads): 1.24-1.54x at 16-128 rows, 0.71-0.79x at 8
-# (a 16-row panel half empty).
+# From this many rows the cext GEMM of the AVX2 path beats the weight-streaming kernel:
+# decode batches that large take the chunk stages too. Measured on the comparison model's
+# projections (AVX2, Zen 1, 2 threads): 1.24-1.54x at 16-128 rows, 0.71-0.79x at 8 (a
+# 16-row panel half empty). Not so on the AVX-512 paths (Zen 4, 2 threads,
+# bench/decode_throughput.py: batch 16 at 579-654 tok/s through the chunk stages against
+# 889-947 fused, batch 32 0.94-0.95x, 64 and 128 level), where the GEMM takes only the
+# prefill chunks (gemm_min_rows).
 GEMM_MIN_ROWS = 16
+
+
+def gemm_min_rows(gemm_isa: str | None) -> int:
+    """The smallest batch that takes the chunk stages (GEMMs) rather than the fused
+    decode-sized ones, given the GEMM's ISA path (None: torch's GEMM)."""
+    return GEMM_MIN_ROWS if gemm_isa == "avx2" else NATIVE_MAX_ROWS + 1
 
 _DTYPE_CODES = cpu_kernels.DTYPE_CODES
 _ERRORS = {-3: "positions: a position is outside the RoPE table",
@@ -130,9 +140,7 @@ class NativeStages:
         # (cpu_kernels.prefill_gemm_isa), else torch's; fp32 weights only
         self.gemm_isa = (cpu_kernels.prefill_gemm_isa()
                          if weights.layers[0].qkv.dtype == torch.float32 else None)
-        # the smallest batch that takes the chunk stages (GEMMs) rather than the fused
-        # decode-sized ones
-        self.gemm_from_rows = GEMM_MIN_ROWS if self.gemm_isa else NATIVE_MAX_ROWS + 1
+        self.gemm_from_rows = gemm_min_rows(self.gemm_isa)
         self.layers = []
         for lw in weights.layers:
             s = ffi.new("dp_layer_weights *")

@@ -529,6 +529,14 @@ def test_mixed_decode_layers_matches_the_layer_loop(bf16_models, isa):
         assert _rel(b, a) < 3e-2
 
 
+def test_gemm_min_rows_by_path():
+    """Decode batches from 16 rows take the GEMM on the AVX2 path only (measured faster
+    there); on the AVX-512 paths, and with torch's GEMM, only prefill-sized ones do."""
+    assert native_stages.gemm_min_rows("avx2") == 16
+    for path in ("avx512", "avx512_bf16", "amx", None):
+        assert native_stages.gemm_min_rows(path) == NATIVE_MAX_ROWS + 1 == 129, path
+
+
 @pytest.mark.parametrize("rows", [GEMM_MIN_ROWS - 1, GEMM_MIN_ROWS])
 def test_decode_batches_from_gemm_min_rows_take_the_gemm(models, isa, rows, monkeypatch):
     """Where the path has the cext GEMM, a decode batch of GEMM_MIN_ROWS rows or more takes
