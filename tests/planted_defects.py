@@ -645,6 +645,11 @@ PLANTS = [
           "_GEMM_AUTO_AVX512_VENDORS:",
           "    if True:",
           ("tests/kernels/test_gemm.py::test_the_prefill_gemm_choice",)),
+    Plant("vendor-key-unstripped", "the cpuinfo vendor parser compares the key with its "
+          "tab, so no Linux host is ever AMD", "dualpace/kernels/cpu.py",
+          "        if sep and key.strip() == \"vendor_id\":",
+          "        if sep and key == \"vendor_id\":",
+          ("tests/kernels/test_gemm.py::test_vendor_from_cpuinfo",)),
     Plant("gemm-decode-rows-every-path", "decode batches from 16 rows take the GEMM on the "
           "AVX-512 paths too, where the fused stages are faster", "dualpace/model/native_stages.py",
           "    return GEMM_MIN_ROWS if gemm_isa == \"avx2\" else NATIVE_MAX_ROWS + 1",

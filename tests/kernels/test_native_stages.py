@@ -539,7 +539,8 @@ def test_gemm_min_rows_by_path():
 
 @pytest.mark.parametrize("rows", [GEMM_MIN_ROWS - 1, GEMM_MIN_ROWS])
 def test_decode_batches_from_gemm_min_rows_take_the_gemm(models, isa, rows, monkeypatch):
-    """Where the path has the cext GEMM, a decode batch of GEMM_MIN_ROWS rows or more takes
+    """Where the path has the cext GEMM and its crossover is GEMM_MIN_ROWS (set here: by
+    default only the AVX2 path's is, gemm_min_rows), a decode batch of that many rows takes
     the chunk stages and the GEMM LM head (four projections a layer and the head through
     ``gemm``), not the fused decode-sized stages nor the one-call step; one row fewer takes
     those. Either way the logits are the torch stages'."""
