@@ -114,6 +114,16 @@ typedef struct {
     int64_t num_blocks;
     int BS;
     float scale;
+    /* the final RMSNorm and LM head [vocab, hidden] (lm_dtype), for a call asked for
+     * logits; NULL when the caller never asks */
+    const float *final_norm;
+    const void *lm_head;
+    int lm_dtype, vocab;
+    /* the embedding [embed_rows, hidden] (embed_dtype), for a call given input ids; NULL
+     * when the caller never gives them */
+    const void *embed;
+    int embed_dtype;
+    int64_t embed_rows;
 } dp_decode_model;
 
 /* Every layer of a decode step (decode_layers.c): hidden [T, hidden] in place, through each
@@ -123,14 +133,22 @@ typedef struct {
  * else all_threads. attn_seconds (may be NULL): the time in attention. Runs layers from
  * layer_begin; after a layer with more to go, returns early when any of the n_pause words
  * holds pause_value. *layers_done (may be NULL): the layers done so far, begin included
- * (n_layers when it ran to the end). 0, dp_layer_pre's or dp_layer_post's codes,
- * dp_paged_decode_attention's minus 10, or -2 (bad arguments). */
+ * (n_layers when it ran to the end). logits (may be NULL): when the last layer is done, also
+ * logits [T, vocab] = the LM head of the final RMSNorm of every row (dp_norm_linear, in the
+ * same call: no Python between the layers and the head; needs dm's final_norm and lm_head);
+ * greedy (may be NULL; needs logits): then also each row's argmax, as dp_argmax_rows gives it.
+ * input_ids (may be NULL; needs layer_begin 0 and dm's embed): hidden's rows are first set to
+ * the embedding rows of these ids (widened to fp32), in the same call too.
+ * 0, dp_layer_pre's, dp_layer_post's, dp_norm_linear's or dp_argmax_rows' codes,
+ * dp_paged_decode_attention's minus 10, -7 (an input id outside the embedding) or -2 (bad
+ * arguments). */
 int dp_decode_layers(const dp_decode_model *dm, float *hidden, int T, const int64_t *positions,
                      const int64_t *slots, const int32_t *block_tables, int max_blocks,
                      const int32_t *seq_lens, float *scratch, const uint32_t *peer_busy,
                      int own_threads, int all_threads, int isa, double *attn_seconds,
                      int layer_begin, uint32_t *const *pause_words, int n_pause,
-                     uint32_t pause_value, int *layers_done);
+                     uint32_t pause_value, int *layers_done, float *logits,
+                     int64_t *greedy, const int64_t *input_ids);
 
 /* The elementwise phases of the stages above alone, for prefill chunks whose projections run
  * as GEMMs elsewhere (model/native_stages.py). out [T, H] = RMSNorm(x [T, H]) * w. */

@@ -922,6 +922,45 @@ PLANTS = [
           " 0.5,\n",
           "(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,\n",
           ("tests/sim/test_simulator.py",)),
+    Plant("one-call-head-norm-eps", "the one-call decode step's final norm takes a "
+          "larger epsilon than final's", "cext/decode_layers.c",
+          "dm->final_norm, m->eps,\n                                      dm->lm_head",
+          "dm->final_norm, m->eps * 4,\n                                      dm->lm_head",
+          ("tests/kernels/test_native_stages.py::"
+           "test_decode_logits_is_decode_layers_then_post_layer_in_one_call",)),
+    Plant("one-call-embeds-the-next-id", "the one-call decode step embeds each row's id + 1",
+          "cext/decode_layers.c",
+          "(const char *)dm->embed + (size_t)input_ids[r] * H * esz;",
+          "(const char *)dm->embed + (size_t)(input_ids[r] + 1) * H * esz;",
+          ("tests/kernels/test_native_stages.py::"
+           "test_decode_logits_embeds_as_pre_layer_and_refuses_a_bad_id",)),
+    Plant("one-call-id-bound-off-by-one", "the one-call decode step takes the id one past "
+          "the embedding", "cext/decode_layers.c",
+          "input_ids[r] >= dm->embed_rows) return -7;",
+          "input_ids[r] > dm->embed_rows) return -7;",
+          ("tests/kernels/test_native_stages.py::"
+           "test_decode_logits_embeds_as_pre_layer_and_refuses_a_bad_id",)),
+    Plant("one-call-greedy-last-row-only", "the one-call decode step's argmax covers the "
+          "first row only", "cext/decode_layers.c",
+          "return dp_argmax_rows(logits, T, dm->vocab, greedy, isa, nt);",
+          "return dp_argmax_rows(logits, 1, dm->vocab, greedy, isa, nt);",
+          ("tests/kernels/test_native_stages.py::"
+           "test_decode_logits_is_decode_layers_then_post_layer_in_one_call",)),
+    Plant("given-argmax-despite-temperature", "argmaxes handed to the sampler are taken for "
+          "rows that sample at a temperature", "dualpace/sampling/sampler.py",
+          "    return all(r.temperature <= 0.0 and r.penalties is None for r in rows)",
+          "    return all(r.penalties is None for r in rows)",
+          ("tests/sampling/test_sampler.py",)),
+    Plant("gpu-step-head-apart", "the GPU worker's decode step runs its LM head in a call "
+          "of its own again", "dualpace/runtime/gpu_worker.py",
+          "            if (all(s.sample and s.next_token == -2 for s in seqs)\n",
+          "            if (False and all(s.sample and s.next_token == -2 for s in seqs)\n",
+          ("tests/runtime/test_one_call_decode.py",)),
+    Plant("cpu-step-head-apart", "the CPU worker's Full-CPU step runs its LM head in a call "
+          "of its own again", "dualpace/runtime/cpu_worker.py",
+          "            if route == FULL_CPU else None",
+          "            if False else None",
+          ("tests/runtime/test_one_call_decode.py",)),
     Plant("short-spin-everywhere", "workers spin briefly on cores of their own and under "
           "gpu-only too", "dualpace/runtime/supervisor.py",
           "    two_tiers_share = bool(spec.all_cores) and spec.config.policy_object.host_tier",

@@ -72,7 +72,8 @@ def gemm_min_rows(gemm_isa: str | None) -> int:
 
 _DTYPE_CODES = cpu_kernels.DTYPE_CODES
 _ERRORS = {-3: "positions: a position is outside the RoPE table",
-           -4: "slot_mapping: a slot is outside the KV cache"}
+           -4: "slot_mapping: a slot is outside the KV cache",
+           -7: "input_ids: an id is outside the embedding"}
 
 
 def native_stages_enabled() -> bool:
@@ -167,8 +168,15 @@ class NativeStages:
         self._decode_models: dict[tuple, object] = {}
         self.final_norm = _f32(weights.final_norm)
         self.lm_head = weights.lm_head.contiguous()
-        self._keep += [self.final_norm, self.lm_head]
+        self.embed = weights.embed.contiguous()
+        self._keep += [self.final_norm, self.lm_head, self.embed]
         self._scratch = torch.empty(0, dtype=torch.float32)
+        # dp_decode_layers' scratch a row (q, attention out, the stages' work) and its
+        # out-parameters, made once: a step's Python runs on cold caches
+        self._decode_scratch_per_row = 2 * cfg.num_heads * cfg.head_dim + max(
+            cfg.hidden_size + cfg.q_size + 2 * cfg.kv_size,
+            2 * cfg.hidden_size + 3 * cfg.intermediate_size)
+        self._decode_out = (ffi.new("double *"), ffi.new("int *"))
 
     def _in(self, t: torch.Tensor) -> torch.Tensor:
         """An activation as the C stages take it: fp32, contiguous."""
@@ -330,10 +338,41 @@ class NativeStages:
             dm.m, dm.layers, dm.n_layers = self.dims, self.layer_array, len(self.layers)
             dm.k_caches, dm.v_caches = ks, vs
             dm.kv_dtype, dm.num_blocks, dm.BS, dm.scale = _DTYPE_CODES[k0.dtype], nb, bs, scale
+            dm.final_norm = _ptr(ffi, self.final_norm)
+            dm.lm_head = _ptr(ffi, self.lm_head, "void *")
+            dm.lm_dtype, dm.vocab = _DTYPE_CODES[self.lm_head.dtype], self.lm_head.shape[0]
+            dm.embed = _ptr(ffi, self.embed, "void *")
+            dm.embed_dtype, dm.embed_rows = _DTYPE_CODES[self.embed.dtype], self.embed.shape[0]
             if len(self._decode_models) >= 8:  # a worker has one or two; tests make many
                 self._decode_models.clear()
             dm = self._decode_models[key] = (dm, ks, vs)
         return dm[0]
+
+    def decode_logits(self, input_ids: torch.Tensor, batch, kv, scale: float,
+                      threads: tuple | None = None, pause: tuple | None = None,
+                      greedy: bool = False
+                      ) -> tuple[torch.Tensor, list[int] | None, float]:
+        """The embedding of ``input_ids`` [T], ``decode_layers`` and ``final`` of every row
+        in the same native call: (fp32 logits [T, V], with ``greedy`` each row's argmax
+        (cext/argmax.c, as sampling's greedy_tokens gives it) else None, seconds in
+        attention). One call where there were three or four with Python between them: that
+        Python ran on caches the step's weight stream had just flushed (~0.4 ms a step on a
+        2-core Zen 4, against ~30 us warm), and the OpenMP team fell asleep in it, whose
+        wake-up then waited for a core the engine had taken. The head is ``final``'s
+        decode-sized path (dp_norm_linear), so the logits are the same; only for T below
+        ``gemm_from_rows`` (where ``final`` takes that path)."""
+        T = int(input_ids.shape[0])
+        if self.gemm_from_rows <= T:
+            raise ValueError(f"decode_logits: {T} rows take the GEMM head (from "
+                             f"{self.gemm_from_rows}); use decode_layers and final")
+        if input_ids.dtype != torch.int64 or input_ids.dim() != 1:
+            raise ValueError("decode_logits: input ids as an int64 vector")
+        hidden = torch.empty(T, self.cfg.hidden_size, dtype=torch.float32)
+        logits = torch.empty(T, self.lm_head.shape[0], dtype=torch.float32)
+        tokens = torch.empty(T, dtype=torch.int64) if greedy else None
+        _, seconds = self._decode(hidden, batch, kv, scale, threads, pause,
+                                  (logits, tokens, input_ids.contiguous()))
+        return logits, None if tokens is None else tokens.tolist(), seconds
 
     def decode_layers(self, hidden: torch.Tensor, batch, kv, scale: float,
                       threads: tuple | None = None, pause: tuple | None = None
@@ -346,24 +385,29 @@ class NativeStages:
         FutexWords holds value the call returns, serve() runs (the GPU worker's stage
         boundary, which serves a waiting Dense Assist request) and the next call goes on
         from the next layer, on the same fp32 hidden rows."""
-        cfg, ffi = self.cfg, self.ffi
-        T = hidden.shape[0]
         # a copy: the call works in place
         hidden = (hidden.float().contiguous() if hidden.dtype != torch.float32
                   else hidden.contiguous().clone())
-        bt, sl = batch.block_tables.contiguous(), batch.seq_lens.contiguous()
-        if bt.dtype != torch.int32 or sl.dtype != torch.int32 or bt.shape[0] != T:
+        return self._decode(hidden, batch, kv, scale, threads, pause, None)
+
+    def _decode(self, hidden, batch, kv, scale, threads, pause, head):
+        """dp_decode_layers on fp32 ``hidden`` [T, H] (in place), until every layer ran;
+        ``head``: (logits, greedy tokens or None, input ids) for decode_logits."""
+        ffi = self.ffi
+        T = hidden.shape[0]
+        bt, sl = batch.block_tables, batch.seq_lens
+        if (bt.dtype != torch.int32 or sl.dtype != torch.int32 or bt.shape[0] != T
+                or not bt.is_contiguous() or not sl.is_contiguous()):
             raise ValueError("decode_layers: a decode batch's int32 block tables and lengths")
         positions = batch.positions.contiguous()
         slots = batch.slot_mapping.contiguous()
-        qn = cfg.num_heads * cfg.head_dim
-        work = max(cfg.hidden_size + cfg.q_size + 2 * cfg.kv_size,
-                   2 * cfg.hidden_size + 3 * cfg.intermediate_size)
-        scratch = self._scratch_for(T * (2 * qn + work))
+        scratch = self._scratch_for(T * self._decode_scratch_per_row)
         dm = self._decode_model(kv, scale)
         words, value, serve = pause if pause is not None else ((), 0, None)
-        word_ptrs = ffi.new("uint32_t *[]", [w.address for w in words] or [ffi.NULL])
-        seconds, done = ffi.new("double *"), ffi.new("int *")
+        word_ptrs = ffi.new("uint32_t *[]", [w.address for w in words]) if words else ffi.NULL
+        seconds, done = self._decode_out
+        logits, greedy, ids = head if head is not None else (None, None, None)
+        logits_p, greedy_p = _ptr(ffi, logits), _ptr(ffi, greedy, "int64_t *")
         total_seconds, begin = 0.0, 0
         while True:
             n = cpu_kernels.num_threads()
@@ -372,10 +416,11 @@ class NativeStages:
                 dm, _ptr(ffi, hidden), T, _ptr(ffi, positions, "int64_t *"),
                 _ptr(ffi, slots, "int64_t *"), _ptr(ffi, bt, "int32_t *"), bt.shape[1],
                 _ptr(ffi, sl, "int32_t *"), _ptr(ffi, scratch), peer, own, total, _isa_code(),
-                seconds, begin, word_ptrs, len(words), value, done)
+                seconds, begin, word_ptrs, len(words), value, done, logits_p, greedy_p,
+                _ptr(ffi, ids if begin == 0 else None, "int64_t *"))
             if rc:
-                if rc == -15:
-                    raise MemoryError("decode_layers: out of memory for attention scratch")
+                if rc in (-15, -5):
+                    raise MemoryError("decode_layers: out of memory for scratch")
                 if rc <= -10:
                     name, why = cpu_kernels.ATTENTION_ERRORS.get(
                         rc + 10, ("kernel", f"attention failed with code {rc + 10}"))

@@ -265,9 +265,14 @@ class StagedModel:
     # --- compositions --------------------------------------------------------------------
     def runs_decode_layers(self, hidden: torch.Tensor, batch: ForwardBatch) -> bool:
         """Whether ``decode_layers`` runs this step (else it returns None)."""
+        return self.runs_decode_rows(batch) and hidden.shape[0] == batch.num_rows
+
+    def runs_decode_rows(self, batch: ForwardBatch) -> bool:
+        """Whether the one-call decode step (``decode_layers``, ``decode_logits``) takes
+        ``batch``: native stages with their attention, a decode batch they size."""
         return (self.native is not None
                 and self.decode_attention == self.native.decode_attention
-                and batch.is_decode and self._decode_sized(hidden.shape[0]))
+                and batch.is_decode and self._decode_sized(batch.num_rows))
 
     def decode_layers(self, hidden: torch.Tensor, batch: ForwardBatch, kv,
                       pause: tuple | None = None) -> tuple[torch.Tensor, float] | None:
@@ -283,6 +288,20 @@ class StagedModel:
         return self.native.decode_layers(hidden, batch, kv, self.scale, self.native_threads,
                                          pause)
 
+    def decode_logits(self, batch: ForwardBatch, kv, pause: tuple | None = None,
+                      greedy: bool = False) -> tuple[torch.Tensor, list[int] | None, float] | None:
+        """``pre_layer``, ``decode_layers`` and ``post_layer`` of a decode batch as one native
+        call (NativeStages.decode_logits): (fp32 logits [T, V], with ``greedy`` each row's
+        argmax else None, seconds in attention), or None where ``decode_layers`` does not
+        apply. A decode batch's rows are its sequences' last rows, so these are
+        ``post_layer(hidden[batch.logits_indices])``'s logits."""
+        if not self.runs_decode_rows(batch):
+            return None
+        key = self.decode_attention.__module__
+        self.attention_calls[key] = self.attention_calls.get(key, 0) + self.cfg.num_layers
+        return self.native.decode_logits(batch.input_ids, batch, kv, self.scale,
+                                         self.native_threads, pause, greedy)
+
     def layer(self, i: int, hidden: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         q = self.pre_attention(i, hidden, batch, kv)
         return self.post_attention(i, hidden, self.attention(i, q, batch, kv))
@@ -290,11 +309,10 @@ class StagedModel:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Whole forward: logits [B, V] for the last row of every sequence."""
-        hidden = self.pre_layer(batch.input_ids)
-        fused = self.decode_layers(hidden, batch, kv)
+        fused = self.decode_logits(batch, kv)
         if fused is not None:
-            hidden = fused[0]
-        else:
-            for i in range(self.cfg.num_layers):
-                hidden = self.layer(i, hidden, batch, kv)
+            return fused[0]
+        hidden = self.pre_layer(batch.input_ids)
+        for i in range(self.cfg.num_layers):
+            hidden = self.layer(i, hidden, batch, kv)
         return self.post_layer(hidden[batch.logits_indices])

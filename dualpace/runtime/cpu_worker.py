@@ -34,7 +34,7 @@ from dualpace.runtime.routing import (
     route_for,
 )
 from dualpace.runtime.worker_state import RequestTable
-from dualpace.sampling.sampler import sample_with_logprobs
+from dualpace.sampling.sampler import plain_greedy, sample_with_logprobs
 
 
 class HostKV:
@@ -99,14 +99,23 @@ class CpuWorker:
             raise ValueError(f"route {route!r} needs a Dense Assist channel")
         calls = 0
         n = m.cfg.num_layers
-        hidden = m.pre_layer(fb.input_ids)
         tokens, lps = None, []
         attn_s = 0.0
         # Full-CPU and Split-Final run every layer here: one native call where it applies
-        # (StagedModel.decode_layers); Fused-Assist hands each layer's post-attention over
-        fused = m.decode_layers(hidden, fb, self.kv) if route != FUSED_ASSIST else None
+        # (StagedModel.decode_layers; Full-CPU's with the embedding, LM head and greedy
+        # argmax in it, decode_logits); Fused-Assist hands each layer's post-attention over
+        fused = m.decode_logits(fb, self.kv, greedy=plain_greedy(rows)) \
+            if route == FULL_CPU else None
         if fused is not None:
-            hidden, attn_s = fused
+            logits, greedy, attn_s = fused
+            tokens, lps = sample_with_logprobs(logits, rows, greedy)
+            hidden = None
+        else:
+            hidden = m.pre_layer(fb.input_ids)
+            if route == SPLIT_FINAL:
+                fused = m.decode_layers(hidden, fb, self.kv)
+                if fused is not None:
+                    hidden, attn_s = fused
         for i in range(0 if fused is None else n, n):
             q = m.pre_attention(i, hidden, fb, self.kv)
             ta = time.perf_counter()
@@ -121,7 +130,7 @@ class CpuWorker:
                 tokens, lps = self._assist(OP_POST_ATTN_FINAL, i, hidden, attn, rows)
                 calls += 1
         last = hidden[fb.logits_indices] if tokens is None else None
-        if route == FULL_CPU:
+        if route == FULL_CPU and tokens is None:
             tokens, lps = sample_with_logprobs(m.post_layer(last), rows)
         elif route == SPLIT_FINAL:
             tokens, lps = self._assist(OP_POST_LAYER, n - 1, last, None, rows)

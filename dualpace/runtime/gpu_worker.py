@@ -48,7 +48,7 @@ from dualpace.runtime.stage_gate import StageGate
 from dualpace.runtime.tp_control import BOUNDARY, IDLE, DecisionLog
 from dualpace.runtime.worker_state import RequestTable
 from dualpace.sampling.logprobs import prompt_logprobs
-from dualpace.sampling.sampler import sample_with_logprobs
+from dualpace.sampling.sampler import plain_greedy, sample_with_logprobs
 
 
 class StagingKV:
@@ -390,7 +390,19 @@ class GpuWorker:
                 and all(s.next_token == -2 for s in seqs) and self.graphs.prepare(fb)):
             hidden = self._replay(fb, mig_fences)
         else:
-            hidden = self._eager(fb, kv, staging_tables, seqs, mig_fences)
+            # every row samples and none wants prompt logprobs: the embedding, the LM head
+            # and greedy rows' argmax in the layers' call (StagedModel.decode_logits)
+            fused = rows = None
+            if (all(s.sample and s.next_token == -2 for s in seqs)
+                    and self._one_native_call(fb, staging_tables, mig_fences)):
+                rows = self.requests.sampling_rows(seqs)
+                fused = m.decode_logits(fb, kv, self._pause(), plain_greedy(rows))
+            if fused is not None:
+                self.boundary()
+                toks, lps = sample_with_logprobs(fused[0], rows, fused[1])
+                return {id(s): (t, lp) for s, t, lp in zip(seqs, toks, lps)}
+            hidden = self._eager(m.pre_layer(fb.input_ids), fb, kv, staging_tables, seqs,
+                                 mig_fences)
         return self._outputs(seqs, fb, hidden, plps)
 
     def _replay(self, fb, mig_fences) -> torch.Tensor:
@@ -410,22 +422,30 @@ class GpuWorker:
         self.graph_steps += 1
         return g.output(fb.num_rows)
 
-    def _eager(self, fb, kv, staging_tables, seqs, mig_fences) -> torch.Tensor:
+    def _one_native_call(self, fb, staging_tables, mig_fences) -> bool:
+        """Whether the step's layers run as one native call (StagedModel.decode_layers):
+        no swap to wait for between layers, a batch that call takes. With assists
+        reachable (one rank) the call returns at a layer boundary where an assist request
+        waits, the boundary serves it and the call goes on (``_pause``): the per-layer
+        boundaries of ``_eager``'s loop, at a native call's cost per layer (on this
+        project's 2-core box the loop's Python per layer was ~1.6 ms of a 7.6 ms
+        single-stream step)."""
+        return (staging_tables is None and not mig_fences
+                and self.model.runs_decode_rows(fb)
+                and (not self.assist_reachable or self.decisions is None))
+
+    def _pause(self) -> tuple | None:
+        """The native call's pause words (NativeStages.decode_layers), after serving what
+        waits now; None where no assist is reachable."""
+        if not self.assist_reachable:
+            return None
+        self.boundary()
+        return [ch.state for ch in self.channels], ASSIST_CPU_READY, self.boundary
+
+    def _eager(self, hidden, fb, kv, staging_tables, seqs, mig_fences) -> torch.Tensor:
         m = self.model
-        hidden = m.pre_layer(fb.input_ids)
-        if (staging_tables is None and not mig_fences and m.runs_decode_layers(hidden, fb)
-                and (not self.assist_reachable or self.decisions is None)):
-            # no swap to wait for between layers: one native call for all of them where it
-            # applies (StagedModel.decode_layers). With assists reachable (one rank) the
-            # call returns at a layer boundary where an assist request waits, the boundary
-            # serves it and the call goes on: the per-layer boundaries of the loop below,
-            # at a native call's cost per layer (on this project's 2-core box the loop's
-            # Python per layer was ~1.6 ms of a 7.6 ms single-stream step).
-            pause = None
-            if self.assist_reachable:
-                self.boundary()
-                pause = ([ch.state for ch in self.channels], ASSIST_CPU_READY, self.boundary)
-            hidden = m.decode_layers(hidden, fb, kv, pause)[0]
+        if self._one_native_call(fb, staging_tables, mig_fences):
+            hidden = m.decode_layers(hidden, fb, kv, self._pause())[0]
             self.boundary()
             return hidden
         self.boundary()

@@ -191,8 +191,20 @@ def exponential_race(probs: torch.Tensor, keys: list[int]) -> torch.Tensor:
     return (probs.double() / noise).argmax(dim=-1)
 
 
-def sample_with_logprobs(logits: torch.Tensor, rows: list[SamplingRow]
+def plain_greedy(rows: list[SamplingRow]) -> bool:
+    """Whether ``sample`` takes every row's argmax of the logits as they are (temperature
+    0, no penalties): then a caller may hand ``sample_with_logprobs`` those argmaxes."""
+    return all(r.temperature <= 0.0 and r.penalties is None for r in rows)
+
+
+def sample_with_logprobs(logits: torch.Tensor, rows: list[SamplingRow],
+                         greedy: list[int] | None = None
                          ) -> tuple[list[int], list[TokenLogprobs | None]]:
-    """``sample`` plus each row's logprobs where it asked for them (from the same logits)."""
-    tokens = sample(logits, rows)
+    """``sample`` plus each row's logprobs where it asked for them (from the same logits).
+    ``greedy``: each row's argmax of ``logits``, computed already (the one-call decode step,
+    NativeStages.decode_logits), taken as the tokens where ``plain_greedy(rows)``."""
+    if greedy is not None and len(greedy) == len(rows) and plain_greedy(rows):
+        tokens = greedy
+    else:
+        tokens = sample(logits, rows)
     return tokens, token_logprobs(logits, tokens, [r.logprobs for r in rows])

@@ -318,6 +318,65 @@ def test_decode_layers_pauses_at_layer_boundaries_for_a_raised_word(models, isa)
         assert all(torch.equal(a, b) for a, b in zip(kvs[0].k + kvs[0].v, kv.k + kv.v))
 
 
+@pytest.mark.parametrize("lens", [[1], [1, 17, 40, 33]], ids=["1 row", "4 rows"])
+def test_decode_logits_is_decode_layers_then_post_layer_in_one_call(models, isa, lens):
+    """StagedModel.decode_logits (the layers and the LM head in one C call) gives the
+    logits that decode_layers then post_layer give, bit for bit (the same C stages: the
+    head is final's decode-sized dp_norm_linear), writes the same KV and counts the
+    attention calls; ``forward`` of a decode batch returns them."""
+    cfg, native, _ = models
+    fb, blocks = _decode_batch(cfg, lens, seed=3)
+    kv_a, kv_b, kv_c, kv_d = (_filled_kv(cfg, torch.float32, blocks) for _ in range(4))
+    hidden = native.pre_layer(fb.input_ids)
+    want = native.post_layer(native.decode_layers(hidden, fb, kv_a)[0][fb.logits_indices])
+    before = dict(native.attention_calls)
+    got, greedy, attn_s = native.decode_logits(fb, kv_b)
+    assert got.shape == (len(lens), cfg.vocab_size) and torch.equal(got, want)
+    assert greedy is None
+    assert all(torch.equal(a, b) for a, b in zip(kv_a.k + kv_a.v, kv_b.k + kv_b.v))
+    key = native.decode_attention.__module__
+    assert native.attention_calls[key] - before.get(key, 0) == cfg.num_layers
+    assert attn_s > 0
+    assert torch.equal(native.forward(fb, kv_c), want)
+    got, greedy, _ = native.decode_logits(fb, kv_d, greedy=True)
+    assert torch.equal(got, want) and greedy == want.argmax(dim=-1).tolist()
+
+
+def test_decode_logits_embeds_as_pre_layer_and_refuses_a_bad_id(models, isa):
+    """The call's own embedding rows are pre_layer's (widened to fp32 as decode_layers
+    widens them): the same logits whatever the ids; an id outside the vocabulary is an
+    error before anything is written."""
+    cfg, native, _ = models
+    fb, blocks = _decode_batch(cfg, [4, 9], seed=6)
+    for ids in ([0, 1], [cfg.vocab_size - 1, 7]):
+        fb.input_ids.copy_(torch.tensor(ids))
+        kv_a, kv_b = _filled_kv(cfg, torch.float32, blocks), _filled_kv(cfg, torch.float32, blocks)
+        want = native.post_layer(native.decode_layers(native.pre_layer(fb.input_ids), fb,
+                                                      kv_a)[0])
+        assert torch.equal(native.decode_logits(fb, kv_b)[0], want)
+    kv = _filled_kv(cfg, torch.float32, blocks)
+    before = [t.clone() for t in kv.k]
+    for bad in (cfg.vocab_size, -1):
+        fb.input_ids.copy_(torch.tensor([3, bad]))
+        with pytest.raises(ValueError, match="input_ids: an id is outside the embedding"):
+            native.decode_logits(fb, kv)
+    assert all(torch.equal(a, b) for a, b in zip(before, kv.k))
+
+
+def test_decode_logits_refuses_rows_the_gemm_head_takes(models, monkeypatch):
+    """From gemm_from_rows rows ``final`` runs the head on the GEMM (other sums), so the
+    one-call head refuses them rather than give other logits than the two calls. (The
+    crossover is set here: only AVX2's, 16, lies within the native stages' rows.)"""
+    cfg, native, _ = models
+    n = 4
+    monkeypatch.setattr(native.native, "gemm_from_rows", n)
+    fb, blocks = _decode_batch(cfg, [3] * n)
+    kv = _filled_kv(cfg, torch.float32, blocks)
+    with pytest.raises(ValueError, match="GEMM head"):
+        native.native.decode_logits(fb.input_ids, fb, kv, native.scale)
+    assert native.decode_logits(fb, kv) is None  # the model takes the GEMM path
+
+
 def test_decode_layers_declines_what_it_cannot_run(models):
     cfg, native, plain = models
     fb, blocks = _decode_batch(cfg, [5])
@@ -328,6 +387,8 @@ def test_decode_layers_declines_what_it_cannot_run(models):
 
     prefill = build_forward_batch([SeqChunk([1, 2, 3], 0, [0])], 16)
     assert native.decode_layers(native.pre_layer(prefill.input_ids), prefill, kv) is None
+    assert plain.decode_logits(fb, kv) is None
+    assert native.decode_logits(prefill, kv) is None
 
 
 def test_decode_layers_picks_threads_per_layer_from_the_other_tier(models, monkeypatch):

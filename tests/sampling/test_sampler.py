@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -13,6 +14,7 @@ from dualpace.sampling.params import SamplingParams
 from dualpace.sampling.sampler import (
     SamplingRow,
     exponential_noise,
+    plain_greedy,
     sample,
     sample_with_logprobs,
     step_seed,
@@ -28,6 +30,34 @@ def test_greedy_and_top_k_1_take_the_argmax():
     best = logits.argmax(-1).tolist()
     assert sample(logits, [row(temperature=0.0)] * 5) == best
     assert sample(logits, [row(top_k=1, seed=s) for s in range(5)]) == best
+
+
+def test_given_argmaxes_are_the_tokens_of_plain_greedy_rows_only():
+    """sample_with_logprobs takes argmaxes computed already (the one-call decode step) as
+    the tokens only where every row is greedy without penalties; otherwise, or when their
+    count is not the rows', it samples the logits itself. Logprobs come from the logits
+    either way."""
+    from dualpace.sampling.penalties import Penalties
+
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(4))
+    marked = [7, 8, 9]  # not the argmaxes: shows which way the tokens came
+    greedy = [row(temperature=0.0)] * 3
+    assert plain_greedy(greedy) and plain_greedy([])
+    toks, lps = sample_with_logprobs(logits, greedy, marked)
+    assert toks == marked and lps == [None] * 3
+    with_lp = [dataclasses.replace(r, logprobs=0) for r in greedy]
+    toks, lps = sample_with_logprobs(logits, with_lp, marked)
+    assert toks == marked and lps[1].logprob == pytest.approx(
+        logits[1].log_softmax(-1)[8].item(), rel=1e-5)
+    best = logits.argmax(-1).tolist()
+    assert sample_with_logprobs(logits, greedy, marked[:2])[0] == best
+    hot = [row(temperature=0.0), row(temperature=0.7, seed=3), row(temperature=0.0)]
+    assert not plain_greedy(hot)
+    assert sample_with_logprobs(logits, hot, marked)[0] == sample(logits, hot)
+    pen = Penalties(repetition=1.3, prompt=(int(best[0]),))
+    penalized = [dataclasses.replace(greedy[0], penalties=pen), *greedy[1:]]
+    assert not plain_greedy(penalized)
+    assert sample_with_logprobs(logits, penalized, marked)[0] == sample(logits, penalized)
 
 
 def test_top_p_keeps_only_the_nucleus():
