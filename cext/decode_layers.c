@@ -77,6 +77,13 @@ int dp_decode_layers(const dp_decode_model *dm, float *hidden, int T, const int6
          * for whichever process had taken the core meanwhile) */
         const int nt = peer_busy && __atomic_load_n(peer_busy, __ATOMIC_ACQUIRE)
                      ? own_threads : all_threads;
+        /* a bf16/f16 model's hidden rows cross into the head in its dtype, as they do when
+         * the head is a call of its own (and on the Dense Assist routes): the same logits */
+        const int64_t n = (int64_t)T * m->hidden;
+        if (dm->embed && dm->embed_dtype == DP_BF16)
+            for (int64_t i = 0; i < n; i++) hidden[i] = dp_bf16_to_f32(dp_f32_to_bf16(hidden[i]));
+        else if (dm->embed && dm->embed_dtype == DP_F16)
+            for (int64_t i = 0; i < n; i++) hidden[i] = dp_f16_to_f32(dp_f32_to_f16(hidden[i]));
         const int rc = dp_norm_linear(hidden, T, m->hidden, dm->final_norm, m->eps,
                                       dm->lm_head, dm->lm_dtype, dm->vocab, logits, work, isa,
                                       nt);

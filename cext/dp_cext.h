@@ -119,8 +119,9 @@ typedef struct {
     const float *final_norm;
     const void *lm_head;
     int lm_dtype, vocab;
-    /* the embedding [embed_rows, hidden] (embed_dtype), for a call given input ids; NULL
-     * when the caller never gives them */
+    /* the embedding [embed_rows, hidden] (embed_dtype, the model's activation dtype), for a
+     * call given input ids; NULL when the caller never gives them. With a bf16 or f16
+     * embedding the hidden rows are rounded to that dtype before the head. */
     const void *embed;
     int embed_dtype;
     int64_t embed_rows;

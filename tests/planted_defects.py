@@ -928,6 +928,12 @@ PLANTS = [
           "dm->final_norm, m->eps * 4,\n                                      dm->lm_head",
           ("tests/kernels/test_native_stages.py::"
            "test_decode_logits_is_decode_layers_then_post_layer_in_one_call",)),
+    Plant("one-call-head-unrounded", "a bf16 model's one-call head reads the fp32 hidden "
+          "rows, not the bf16 ones a head of its own reads", "cext/decode_layers.c",
+          "        if (dm->embed && dm->embed_dtype == DP_BF16)\n",
+          "        if (0)\n",
+          ("tests/kernels/test_native_stages.py::"
+           "test_mixed_decode_logits_are_the_two_calls_logits",)),
     Plant("one-call-embeds-the-next-id", "the one-call decode step embeds each row's id + 1",
           "cext/decode_layers.c",
           "(const char *)dm->embed + (size_t)input_ids[r] * H * esz;",

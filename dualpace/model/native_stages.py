@@ -359,8 +359,9 @@ class NativeStages:
         Python ran on caches the step's weight stream had just flushed (~0.4 ms a step on a
         2-core Zen 4, against ~30 us warm), and the OpenMP team fell asleep in it, whose
         wake-up then waited for a core the engine had taken. The head is ``final``'s
-        decode-sized path (dp_norm_linear), so the logits are the same; only for T below
-        ``gemm_from_rows`` (where ``final`` takes that path)."""
+        decode-sized path (dp_norm_linear) on the hidden rows rounded to the model's
+        activation dtype as they cross to it (a bf16 model's), so the logits are the same;
+        only for T below ``gemm_from_rows`` (where ``final`` takes that path)."""
         T = int(input_ids.shape[0])
         if self.gemm_from_rows <= T:
             raise ValueError(f"decode_logits: {T} rows take the GEMM head (from "

@@ -631,3 +631,17 @@ def test_decode_batches_from_gemm_min_rows_take_the_gemm(models, isa, rows, monk
     logits_n, logits_t = native.post_layer(got), plain.post_layer(want)
     _close(logits_n, logits_t, 1e-4)
     assert calls == ([isa] * (4 * cfg.num_layers + 1) if rows >= GEMM_MIN_ROWS else [])
+
+
+def test_mixed_decode_logits_are_the_two_calls_logits(bf16_models, isa):
+    """A bf16 model's one-call step rounds its last hidden rows to bf16 before the head, as
+    they cross to a head of its own (and to the Dense Assist routes' GPU-side head): the
+    logits are decode_layers then post_layer's, bit for bit, greedy tokens their argmax."""
+    cfg, native, _, _ = bf16_models
+    fb, blocks = _decode_batch(cfg, [6, 30, 1], seed=8)
+    kv_a, kv_b = _filled_kv(cfg, torch.bfloat16, blocks), _filled_kv(cfg, torch.bfloat16, blocks)
+    hidden = native.pre_layer(fb.input_ids)
+    assert hidden.dtype == torch.bfloat16
+    want = native.post_layer(native.decode_layers(hidden, fb, kv_a)[0][fb.logits_indices])
+    got, greedy, _ = native.decode_logits(fb, kv_b, greedy=True)
+    assert torch.equal(got, want) and greedy == want.argmax(dim=-1).tolist()
