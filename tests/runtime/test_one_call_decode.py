@@ -17,6 +17,20 @@ from dualpace.runtime import protocol as P
 from .test_async_copies import BS, EagerCopies, _worker, tiny_model  # noqa: F401 - fixture
 
 
+def _count_calls(monkeypatch, *names: str) -> dict[str, int]:
+    """Counts of the calls to these NativeStages methods from now on (they still run)."""
+    calls = dict.fromkeys(names, 0)
+    for name in names:
+        real = getattr(NativeStages, name)
+
+        def spy(self, *a, _real=real, _name=name, **k):
+            calls[_name] += 1
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(NativeStages, name, spy)
+    return calls
+
+
 def _run_steps(worker, prompt: list[int], steps: int) -> list[int]:
     """Prefill ``prompt`` as request 1, then ``steps`` greedy decode steps; the tokens."""
     worker.requests.add(P.NewRequest(req_id=1, sampling=P.SamplingSpec(
@@ -38,15 +52,7 @@ def _run_steps(worker, prompt: list[int], steps: int) -> list[int]:
 def test_decode_steps_run_layers_and_head_in_one_call(tiny_model, monkeypatch):  # noqa: F811
     if tiny_model.native is None:
         pytest.skip(f"no native stages here: {tiny_model.why_native}")
-    calls = {"decode_logits": 0, "final": 0}
-    for name in calls:
-        real = getattr(NativeStages, name)
-
-        def spy(self, *a, _real=real, _name=name, **k):
-            calls[_name] += 1
-            return _real(self, *a, **k)
-
-        monkeypatch.setattr(NativeStages, name, spy)
+    calls = _count_calls(monkeypatch, "decode_logits", "final")
     prompt, steps = [3, 9, 4, 17, 2, 8], 6
     got = _run_steps(_worker(tiny_model, EagerCopies()), prompt, steps)
     # the prefill's head apart (final), each decode step's in the layers' call
@@ -90,15 +96,7 @@ def _cpu_tokens(model, rows: list[int], steps: int) -> list[list[int]]:
 def test_cpu_worker_full_cpu_steps_run_layers_and_head_in_one_call(tiny_model, monkeypatch):  # noqa: F811
     if tiny_model.native is None:
         pytest.skip(f"no native stages here: {tiny_model.why_native}")
-    calls = {"decode_logits": 0, "final": 0}
-    for name in calls:
-        real = getattr(NativeStages, name)
-
-        def spy(self, *a, _real=real, _name=name, **k):
-            calls[_name] += 1
-            return _real(self, *a, **k)
-
-        monkeypatch.setattr(NativeStages, name, spy)
+    calls = _count_calls(monkeypatch, "decode_logits", "final")
     got = _cpu_tokens(tiny_model, [5, 19, 2], 4)
     assert calls == {"decode_logits": 4, "final": 0}
     monkeypatch.setattr(StagedModel, "decode_logits", lambda *a, **k: None)
