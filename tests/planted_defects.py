@@ -934,6 +934,17 @@ PLANTS = [
           "        if (0)\n",
           ("tests/kernels/test_native_stages.py::"
            "test_mixed_decode_logits_are_the_two_calls_logits",)),
+    Plant("one-call-takes-gemm-rows", "the one-call head takes rows the GEMM head takes "
+          "(other sums than final's)", "dualpace/model/native_stages.py",
+          "        if self.gemm_from_rows <= T:\n            raise ValueError(f\"decode_logits",
+          "        if False:\n            raise ValueError(f\"decode_logits",
+          ("tests/kernels/test_native_stages.py::"
+           "test_decode_logits_refuses_rows_the_gemm_head_takes",)),
+    Plant("one-call-takes-prefills", "the one-call decode step takes a prefill batch",
+          "dualpace/model/stages.py",
+          "                and batch.is_decode and self._decode_sized(batch.num_rows))",
+          "                and self._decode_sized(batch.num_rows))",
+          ("tests/kernels/test_native_stages.py::test_decode_layers_declines_what_it_cannot_run",)),
     Plant("one-call-embeds-the-next-id", "the one-call decode step embeds each row's id + 1",
           "cext/decode_layers.c",
           "(const char *)dm->embed + (size_t)input_ids[r] * H * esz;",
