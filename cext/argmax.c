@@ -9,7 +9,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <omp.h>
 #include "dp_internal.h"
 
 typedef struct { float best; int64_t idx; int nan; } amax_result;
@@ -93,6 +92,23 @@ static amax_result amax_avx2(const float *x, int64_t v0, int64_t v1) {
     return amax_fold(bv, bi, 8, v0, x, end, v1);
 }
 
+typedef struct {
+    const float *x; int64_t V; int S; int64_t items; int dense; amax_result *part;
+} argmax_job;
+
+/* Items (row r, span s) of S spans a row, contiguous ranges of them per member. */
+static void argmax_task(void *p, int t, int nth) {
+    const argmax_job *j = p;
+    for (int64_t it = j->items * t / nth; it < j->items * (t + 1) / nth; it++) {
+        const int64_t r = it / j->S, s = it % j->S;
+        const float *row = j->x + r * j->V;
+        const int64_t v0 = j->V * s / j->S, v1 = j->V * (s + 1) / j->S;
+        j->part[it] = j->dense == DP_ISA_AVX512 ? amax_avx512(row, v0, v1)
+                    : j->dense == DP_ISA_AVX2 ? amax_avx2(row, v0, v1)
+                    : amax_scalar(row, v0, v1);
+    }
+}
+
 int dp_argmax_rows(const float *x, int R, int64_t V, int64_t *out, int isa, int num_threads) {
     if (R <= 0 || V <= 0 || V > INT32_MAX) return -2;
     if (isa < DP_ISA_SCALAR || isa > DP_ISA_AMX) return -1;
@@ -107,14 +123,8 @@ int dp_argmax_rows(const float *x, int R, int64_t V, int64_t *out, int isa, int 
     const int S = R >= nt ? 1 : (nt + R - 1) / R;
     amax_result *part = malloc(sizeof(amax_result) * (size_t)R * S);
     if (!part) return -5;
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t it = 0; it < (int64_t)R * S; it++) {
-        const int64_t r = it / S, s = it % S;
-        const float *row = x + r * V;
-        const int64_t v0 = V * s / S, v1 = V * (s + 1) / S;
-        part[it] = dense == DP_ISA_AVX512 ? amax_avx512(row, v0, v1)
-                 : dense == DP_ISA_AVX2 ? amax_avx2(row, v0, v1) : amax_scalar(row, v0, v1);
-    }
+    argmax_job j = {x, V, S, (int64_t)R * S, dense, part};
+    dp_team_run(nt, argmax_task, &j);
     for (int r = 0; r < R; r++) {
         amax_result w = part[(int64_t)r * S];
         for (int s = 1; s < S && !w.nan; s++) {  /* spans in order: ties keep the first */

@@ -1,9 +1,8 @@
 /* Paged decode attention driver: split-KV work items over (sequence, kv head, KV segment),
- * OpenMP dynamic scheduling, then a log-sum-exp merge of the segments per query head.
+ * claimed one at a time by the thread team (team.c), then a log-sum-exp merge of the segments per query head.
  * Scratch is per call and per thread; the library holds no global mutable state. */
 #include <math.h>
 #include <stdlib.h>
-#include <omp.h>
 #include "dp_internal.h"
 
 /* Segments shorter than this cost more in merge traffic than they gain in parallelism. */
@@ -17,6 +16,62 @@ static dp_attn_item_fn pick(int isa) {
     case DP_ISA_AVX512_BF16:
     case DP_ISA_AMX: return dp_attn_item_avx512bf16;
     default: return NULL;
+    }
+}
+
+typedef struct {
+    dp_attn_args a;
+    dp_attn_item_fn fn;
+    const int *seg_seq, *seg_first;
+    int seg, HG, hmax;
+    int64_t items;
+    float *pm, *pl, *pacc;
+    void *out;
+    int B;
+    int64_t next;  /* the next item to claim (dynamic schedule, one at a time) */
+    int oom;
+} attn_job;
+
+/* The items claimed one at a time (their costs differ with their lengths), then after a
+ * barrier each query head's segments merged, rows split over the members. */
+static void attn_task(void *p, int t, int nth) {
+    attn_job *j = p;
+    const dp_attn_args *a = &j->a;
+    const int Hq = a->Hq, Hkv = a->Hkv, D = a->D, G = a->G, HG = j->HG;
+    float *ws = malloc(sizeof(float) * ((size_t)j->hmax * G * D
+                                        + (size_t)dp_attn_scores_floats(G, a->BS) + D));
+    if (!ws) __atomic_store_n(&j->oom, 1, __ATOMIC_RELAXED);
+    for (int64_t it; ws && (it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < j->items;) {
+        const int64_t sidx = it / HG;
+        const int hg = (int)(it % HG), b = j->seg_seq[sidx];
+        const int h0 = (int)((int64_t)hg * Hkv / HG);
+        const int h1 = (int)((int64_t)(hg + 1) * Hkv / HG);
+        const int t0 = (int)(sidx - j->seg_first[b]) * j->seg;
+        const int t1 = t0 + j->seg < a->seq_lens[b] ? t0 + j->seg : a->seq_lens[b];
+        j->fn(a, b, h0, h1, t0, t1, j->pm + sidx * Hq, j->pl + sidx * Hq,
+              j->pacc + sidx * Hq * D, ws);
+    }
+    free(ws);
+    dp_team_barrier(nth);
+    if (__atomic_load_n(&j->oom, __ATOMIC_RELAXED)) return;
+    const int64_t rows = (int64_t)j->B * Hq;
+    for (int64_t r = rows * t / nth; r < rows * (t + 1) / nth; r++) {
+        const int b = (int)(r / Hq), qh = (int)(r % Hq), h = qh / G, g = qh % G;
+        float M = -INFINITY, L = 0.f;
+        for (int s = j->seg_first[b]; s < j->seg_first[b + 1]; s++) {
+            const float ms = j->pm[((int64_t)s * Hkv + h) * G + g];
+            M = ms > M ? ms : M;
+        }
+        float o[D];
+        for (int d = 0; d < D; d++) o[d] = 0.f;
+        for (int s = j->seg_first[b]; s < j->seg_first[b + 1]; s++) {
+            const int64_t i = ((int64_t)s * Hkv + h) * G + g;
+            const float w = expf(j->pm[i] - M);
+            L += j->pl[i] * w;
+            const float *acc = j->pacc + i * D;
+            for (int d = 0; d < D; d++) o[d] += acc[d] * w;
+        }
+        dp_store_row(j->out, a->q_dtype, r * D, o, D, 1.f / L);
     }
 }
 
@@ -77,52 +132,12 @@ int dp_paged_decode_attention(
     for (int b = 0; b < B; b++)
         for (int s = seg_first[b]; s < seg_first[b + 1]; s++) seg_seq[s] = b;
 
-    const dp_attn_args a = {q, q_dtype, k_cache, v_cache, kv_dtype, block_tables, max_blocks,
-                            seq_lens, Hq, Hkv, D, BS, G, scale};
-    int oom = 0;
-#pragma omp parallel num_threads(nt)
-    {
-        float *ws = malloc(sizeof(float) * ((size_t)hmax * G * D + (size_t)dp_attn_scores_floats(G, BS) + D));
-        if (!ws) {
-#pragma omp atomic write
-            oom = 1;
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < items; it++) {
-            if (!ws) continue;
-            const int64_t sidx = it / HG;
-            const int hg = (int)(it % HG), b = seg_seq[sidx];
-            const int h0 = (int)((int64_t)hg * Hkv / HG);
-            const int h1 = (int)((int64_t)(hg + 1) * Hkv / HG);
-            const int t0 = (int)(sidx - seg_first[b]) * seg;
-            const int t1 = t0 + seg < seq_lens[b] ? t0 + seg : seq_lens[b];
-            fn(&a, b, h0, h1, t0, t1, pm + sidx * Hq, pl + sidx * Hq, pacc + sidx * Hq * D, ws);
-        }
-        free(ws);
-    }
-    if (!oom) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int64_t r = 0; r < (int64_t)B * Hq; r++) {
-            const int b = (int)(r / Hq), qh = (int)(r % Hq), h = qh / G, g = qh % G;
-            float M = -INFINITY, L = 0.f;
-            for (int s = seg_first[b]; s < seg_first[b + 1]; s++) {
-                const float ms = pm[((int64_t)s * Hkv + h) * G + g];
-                M = ms > M ? ms : M;
-            }
-            float o[D];
-            for (int d = 0; d < D; d++) o[d] = 0.f;
-            for (int s = seg_first[b]; s < seg_first[b + 1]; s++) {
-                const int64_t i = ((int64_t)s * Hkv + h) * G + g;
-                const float w = expf(pm[i] - M);
-                L += pl[i] * w;
-                const float *acc = pacc + i * D;
-                for (int d = 0; d < D; d++) o[d] += acc[d] * w;
-            }
-            dp_store_row(out, q_dtype, r * D, o, D, 1.f / L);
-        }
-    }
+    attn_job j = {{q, q_dtype, k_cache, v_cache, kv_dtype, block_tables, max_blocks, seq_lens,
+                   Hq, Hkv, D, BS, G, scale},
+                  fn, seg_seq, seg_first, seg, HG, hmax, items, pm, pl, pacc, out, B, 0, 0};
+    dp_team_run(nt, attn_task, &j);
     free(seg_first); free(seg_seq); free(pm); free(pl); free(pacc);
-    return oom ? -5 : 0;
+    return j.oom ? -5 : 0;
 }
 
 int dp_attn_bf16_dot(int q_dtype, int kv_dtype, int G, int D) {
@@ -154,16 +169,23 @@ int64_t dp_fma_probe(int isa, int64_t iters, int *lanes, double *sink) {
 double dp_stream_read_scalar(const float *buf, int64_t n);
 double dp_stream_read_avx2(const float *buf, int64_t n);
 
+typedef struct { const float *buf; int64_t n; int avx2; double *part; } stream_job;
+
+static void stream_task(void *p, int t, int nth) {
+    const stream_job *j = p;
+    const int64_t lo = j->n * t / nth, hi = j->n * (t + 1) / nth;
+    j->part[t] = j->avx2 ? dp_stream_read_avx2(j->buf + lo, hi - lo)
+                         : dp_stream_read_scalar(j->buf + lo, hi - lo);
+}
+
 double dp_stream_read(const float *buf, int64_t n, int num_threads) {
     const int nt = num_threads > 0 ? num_threads : 1;
     const int avx2 = (dp_cpu_features() & DP_FEAT_AVX2) != 0;
+    double part[nt];
+    for (int t = 0; t < nt; t++) part[t] = 0;
+    stream_job j = {buf, n, avx2, part};
+    dp_team_run(nt, stream_task, &j);
     double total = 0;
-#pragma omp parallel num_threads(nt) reduction(+ : total)
-    {
-        const int t = omp_get_thread_num(), T = omp_get_num_threads();
-        const int64_t lo = n * t / T, hi = n * (t + 1) / T;
-        total += avx2 ? dp_stream_read_avx2(buf + lo, hi - lo)
-                      : dp_stream_read_scalar(buf + lo, hi - lo);
-    }
+    for (int t = 0; t < nt; t++) total += part[t];
     return total;
 }

@@ -8,9 +8,15 @@
  * layer, the CPU worker's Full-CPU route (§4.2). The thread count is chosen per layer as
  * runtime/thread_share.py chooses it: the worker's own share while the other tier is in a
  * step (*peer_busy != 0), every core otherwise. */
-#include <omp.h>
 #include <string.h>
+#include <time.h>
 #include "dp_internal.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 int dp_decode_layers(const dp_decode_model *dm, float *hidden, int T, const int64_t *positions,
                      const int64_t *slots, const int32_t *block_tables, int max_blocks,
@@ -53,12 +59,12 @@ int dp_decode_layers(const dp_decode_model *dm, float *hidden, int T, const int6
                               dm->v_caches[l], dm->kv_dtype, dm->num_blocks, dm->BS, q, work,
                               isa, nt);
         if (rc) return rc;
-        const double t0 = omp_get_wtime();
+        const double t0 = now_s();
         rc = dp_paged_decode_attention(q, DP_F32, dm->k_caches[l], dm->v_caches[l],
                                        dm->kv_dtype, block_tables, max_blocks, seq_lens, attn,
                                        T, Hq, Hkv, D, dm->BS, (int)dm->num_blocks, dm->scale,
                                        isa, nt);
-        t_attn += omp_get_wtime() - t0;
+        t_attn += now_s() - t0;
         if (rc) return rc - 10;
         rc = dp_layer_post(m, &dm->layers[l], hidden, attn, T, hidden, work, isa, nt);
         if (rc) return rc;

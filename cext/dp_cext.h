@@ -195,6 +195,17 @@ int64_t dp_fma_probe(int isa, int64_t iters, int *lanes, double *sink);
 /* Memory-read bandwidth probe: sums n floats with num_threads threads. */
 double dp_stream_read(const float *buf, int64_t n, int num_threads);
 
+/* The kernels' thread team (team.c). Its idle members spin 50 us, then on up to 5 ms while
+ * *word (the other tier's occupancy word) is 0, yielding the core at each check, then
+ * sleep; word NULL: no other tier on these cores, up to 5 ms. set_gate returns once no
+ * member reads the old word. */
+void dp_team_set_gate(const uint32_t *word);
+/* The two spin budgets in ns; -2 unless 0 <= short_ns <= long_ns. */
+int dp_team_set_spin(int64_t short_ns, int64_t long_ns);
+/* How often a helper has gone to sleep idle, and how many helpers there are. */
+uint64_t dp_team_parks(void);
+int dp_team_helpers(void);
+
 /* Futex on a 32-bit word in (possibly shared) memory. */
 uint32_t dp_atomic_load(const uint32_t *addr);
 uint64_t dp_atomic_load64(const uint64_t *addr);

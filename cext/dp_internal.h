@@ -7,6 +7,14 @@
 #include <string.h>
 #include "dp_cext.h"
 
+/* The decode path's thread team (team.c): fn(arg, t, nth) on nth threads, t = 0 the
+ * caller; dp_team_barrier(nth) inside it waits for all nth. nth may be below the nt asked
+ * for (a helper that would not start, another thread dispatching: then 1). */
+#define DP_TEAM_MAX 1023
+typedef void (*dp_team_fn)(void *arg, int t, int nth);
+void dp_team_run(int nt, dp_team_fn fn, void *arg);
+void dp_team_barrier(int nth);
+
 typedef struct {
     const void *q; int q_dtype;
     const void *k_cache, *v_cache; int kv_dtype;
@@ -134,13 +142,13 @@ static inline uint16_t *dp_amx_buffer(int isa, int w_dtype, int M, int K_max) {
     if (!dp_use_amx(isa, w_dtype, M, 32) || !dp_amx_enable()) return NULL;
     return (uint16_t *)dp_thread_scratch(dp_amx_packed_bytes(M, K_max));
 }
-/* Inside a region, by every thread: x packed into buf for a projection that takes the tiles,
+/* Inside a team task (team.c), by every member: x packed into buf for a projection that takes the tiles,
  * then a barrier; returns buf, or NULL (no barrier) when the projection takes the body. */
 static inline const uint16_t *dp_amx_prepare(uint16_t *buf, int isa, int w_dtype,
                                              const float *x, int M, int K, int t, int nth) {
     if (!buf || !dp_use_amx(isa, w_dtype, M, K)) return NULL;
     dp_amx_pack_x(x, M, K, buf, t, nth);
-#pragma omp barrier
+    dp_team_barrier(nth);
     return buf;
 }
 /* Rows [lo, hi) of one projection: on the tiles when xp (dp_amx_prepare), else fn. */

@@ -7,7 +7,6 @@
  * floats (256 KB): it stays in L2 while the W rows of a tile stay in L1, so W is read once
  * per block of rows. Each output's sum runs over k in order, block after block, whatever
  * the threads: its value depends neither on which thread computed it nor on how many. */
-#include <omp.h>
 #include "dp_internal.h"
 
 #define DP_GEMM_KC 512
@@ -32,6 +31,35 @@ static void pack_panels(const float *x, int M, int K, int m0, int rows, int k0, 
     }
 }
 
+typedef struct {
+    const float *x; int M, K; const float *w; int N; const float *bias, *add; float *out;
+    int mb, mr, nr, tiles; dp_gemm_fn fn; float *xp; dp_share *sh;
+} gemm_job;
+
+static void gemm_task(void *p, int t, int T) {
+    const gemm_job *j = p;
+    const int M = j->M, K = j->K, N = j->N, mr = j->mr, nr = j->nr, tiles = j->tiles;
+    for (int k0 = 0; k0 < K; k0 += DP_GEMM_KC) {
+        const int kc = K - k0 < DP_GEMM_KC ? K - k0 : DP_GEMM_KC;
+        for (int m0 = 0; m0 < M; m0 += j->mb) {
+            const int rows = M - m0 < j->mb ? M - m0 : j->mb;
+            const int panels = (rows + mr - 1) / mr;
+            pack_panels(j->x, M, K, m0, rows, k0, kc, mr, panels * t / T, panels * (t + 1) / T,
+                        j->xp);
+            if (t == 0) dp_shares_init(j->sh, tiles * DP_UNIT_ROWS, T);
+            dp_team_barrier(T);
+            for (int lo, hi; dp_claim_rows(j->sh, T, t, tiles * DP_UNIT_ROWS, &lo, &hi);) {
+                const int n_lo = lo / DP_UNIT_ROWS * nr;
+                const int n_hi = hi / DP_UNIT_ROWS * nr < N ? hi / DP_UNIT_ROWS * nr : N;
+                j->fn(j->xp, rows, kc, j->w + k0, K, n_lo, n_hi, j->bias,
+                      j->add ? j->add + (int64_t)m0 * N : NULL, j->out + (int64_t)m0 * N, N,
+                      k0 == 0);
+            }
+            dp_team_barrier(T);
+        }
+    }
+}
+
 int dp_gemm(const float *x, int M, int K, const float *w, int N, const float *bias,
             const float *add, float *out, int isa, int num_threads) {
     const int disa = dp_dense_isa(isa);
@@ -46,29 +74,8 @@ int dp_gemm(const float *x, int M, int K, const float *w, int N, const float *bi
     if (!xp) return -5;
     /* the claims count tiles: unit u of the shares is tile u (dp_claim_rows hands out
      * multiples of DP_UNIT_ROWS "rows") */
-    const int tiles = (N + nr - 1) / nr;
     dp_share sh[nt];
-#pragma omp parallel num_threads(nt)
-    {
-        const int t = omp_get_thread_num(), T = omp_get_num_threads();
-        for (int k0 = 0; k0 < K; k0 += DP_GEMM_KC) {
-            const int kc = K - k0 < DP_GEMM_KC ? K - k0 : DP_GEMM_KC;
-            for (int m0 = 0; m0 < M; m0 += mb) {
-                const int rows = M - m0 < mb ? M - m0 : mb;
-                const int panels = (rows + mr - 1) / mr;
-                pack_panels(x, M, K, m0, rows, k0, kc, mr, panels * t / T,
-                            panels * (t + 1) / T, xp);
-                if (t == 0) dp_shares_init(sh, tiles * DP_UNIT_ROWS, T);
-#pragma omp barrier
-                for (int lo, hi; dp_claim_rows(sh, T, t, tiles * DP_UNIT_ROWS, &lo, &hi);) {
-                    const int n_lo = lo / DP_UNIT_ROWS * nr;
-                    const int n_hi = hi / DP_UNIT_ROWS * nr < N ? hi / DP_UNIT_ROWS * nr : N;
-                    fn(xp, rows, kc, w + k0, K, n_lo, n_hi, bias,
-                       add ? add + (int64_t)m0 * N : NULL, out + (int64_t)m0 * N, N, k0 == 0);
-                }
-#pragma omp barrier
-            }
-        }
-    }
+    gemm_job j = {x, M, K, w, N, bias, add, out, mb, mr, nr, (N + nr - 1) / nr, fn, xp, sh};
+    dp_team_run(nt, gemm_task, &j);
     return 0;
 }

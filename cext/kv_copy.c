@@ -1,7 +1,7 @@
 /* KV writes for the CPU tier: per-token append at slot ids, and whole-block copies between
  * two pools (swap staging). Bounds are re-checked here so no call can write out of range. */
 #include <string.h>
-#include "dp_cext.h"
+#include "dp_internal.h"
 
 int dp_kv_append(void *k_cache, void *v_cache, const void *k, const void *v,
                  const int64_t *slots, int T, int Hkv, int BS, int D, int elem_size,
@@ -21,6 +21,17 @@ int dp_kv_append(void *k_cache, void *v_cache, const void *k, const void *v,
     return 0;
 }
 
+typedef struct {
+    const void *src; void *dst; const int64_t *src_ids, *dst_ids; int n; int64_t block_bytes;
+} copy_job;
+
+static void copy_task(void *p, int t, int nth) {
+    const copy_job *j = p;
+    for (int i = (int)((int64_t)j->n * t / nth); i < (int64_t)j->n * (t + 1) / nth; i++)
+        memcpy((char *)j->dst + j->dst_ids[i] * j->block_bytes,
+               (const char *)j->src + j->src_ids[i] * j->block_bytes, (size_t)j->block_bytes);
+}
+
 int dp_copy_blocks(const void *src, void *dst, const int64_t *src_ids, const int64_t *dst_ids,
                    int n, int64_t block_bytes, int64_t src_blocks, int64_t dst_blocks,
                    int num_threads) {
@@ -28,10 +39,7 @@ int dp_copy_blocks(const void *src, void *dst, const int64_t *src_ids, const int
         if (src_ids[i] < 0 || src_ids[i] >= src_blocks || dst_ids[i] < 0 ||
             dst_ids[i] >= dst_blocks)
             return -1;
-    const int nt = num_threads > 0 ? num_threads : 1;
-#pragma omp parallel for num_threads(nt) schedule(static) if (n > 4)
-    for (int i = 0; i < n; i++)
-        memcpy((char *)dst + dst_ids[i] * block_bytes,
-               (const char *)src + src_ids[i] * block_bytes, (size_t)block_bytes);
+    copy_job j = {src, dst, src_ids, dst_ids, n, block_bytes};
+    dp_team_run(n > 4 && num_threads > 0 ? num_threads : 1, copy_task, &j);
     return 0;
 }

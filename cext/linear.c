@@ -1,6 +1,18 @@
-/* Driver of the decode dense linear: picks the ISA path, W's rows claimed by the threads. */
-#include <omp.h>
+/* Driver of the decode dense linear: picks the ISA path, W's rows claimed by the team's
+ * threads (team.c). */
 #include "dp_internal.h"
+
+typedef struct {
+    const float *x; int M, K; const void *w; int w_dtype, N; const float *bias; float *out;
+    int isa, nt; dp_linear_fn fn; dp_share *sh; uint16_t *buf;
+} linear_job;
+
+static void linear_task(void *p, int t, int nth) {
+    const linear_job *j = p;
+    const uint16_t *xp = dp_amx_prepare(j->buf, j->isa, j->w_dtype, j->x, j->M, j->K, t, nth);
+    for (int lo, hi; dp_claim_rows(j->sh, j->nt, t, j->N, &lo, &hi);)
+        dp_project(j->fn, xp, j->x, j->M, j->K, j->w, j->w_dtype, j->N, j->bias, j->out, lo, hi);
+}
 
 int dp_linear(const float *x, int M, int K, const void *w, int w_dtype, int N,
               const float *bias, float *out, int isa, int num_threads) {
@@ -10,14 +22,9 @@ int dp_linear(const float *x, int M, int K, const void *w, int w_dtype, int N,
     const int nt = num_threads > 0 ? num_threads : 1;
     dp_share sh[nt];
     dp_shares_init(sh, N, nt);
-    uint16_t *buf = dp_amx_buffer(isa, w_dtype, M, K);
-#pragma omp parallel num_threads(nt)
-    {
-        const int t = omp_get_thread_num();
-        const uint16_t *xp = dp_amx_prepare(buf, isa, w_dtype, x, M, K, t, omp_get_num_threads());
-        for (int lo, hi; dp_claim_rows(sh, nt, t, N, &lo, &hi);)
-            dp_project(fn, xp, x, M, K, w, w_dtype, N, bias, out, lo, hi);
-    }
+    linear_job j = {x, M, K, w, w_dtype, N, bias, out, isa, nt, fn, sh,
+                    dp_amx_buffer(isa, w_dtype, M, K)};
+    dp_team_run(nt, linear_task, &j);
     return 0;
 }
 

@@ -1,8 +1,7 @@
 /* Causal prefill attention driver (the items are prefill_attention_body.h's): work items
- * over (sequence, KV head, range of query vectors), the costliest first, OpenMP dynamic
- * scheduling. An item owns its output rows outright (it sees every key they attend to), so
+ * over (sequence, KV head, range of query vectors), the costliest first, claimed
+ * one at a time by the thread team (team.c). An item owns its output rows outright (it sees every key they attend to), so
  * no merge step follows, and a row's result does not depend on the thread count. */
-#include <omp.h>
 #include "dp_internal.h"
 
 typedef struct {
@@ -13,6 +12,25 @@ typedef struct {
 static int by_cost_desc(const void *x, const void *y) {
     const int64_t a = ((const pfa_item *)x)->cost, b = ((const pfa_item *)y)->cost;
     return a < b ? 1 : a > b ? -1 : 0;
+}
+
+typedef struct {
+    const dp_pfa_args *a; dp_pfa_item_fn fn; const pfa_item *it; int64_t items; int D;
+    int64_t next;  /* the next item to claim, costliest first */
+    int oom;
+} pfa_job;
+
+static void pfa_task(void *p, int t, int nth) {
+    (void)t; (void)nth;
+    pfa_job *j = p;
+    /* the thread's kept buffer (page faults of a fresh one per call were measurable) */
+    float *ws = dp_thread_scratch(sizeof(float) * (size_t)dp_pfa_ws_floats(j->D));
+    if (!ws) {
+        __atomic_store_n(&j->oom, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    for (int64_t i; (i = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < j->items;)
+        j->fn(j->a, j->it[i].b, j->it[i].h, j->it[i].v_lo, j->it[i].v_hi, ws);
 }
 
 int dp_prefill_attention(const float *q, const void *k_cache, const void *v_cache,
@@ -54,19 +72,8 @@ int dp_prefill_attention(const float *q, const void *k_cache, const void *v_cach
     qsort(it, (size_t)items, sizeof(pfa_item), by_cost_desc);
     const dp_pfa_args a = {q, out, k_cache, v_cache, kv_dtype, block_tables, max_blocks,
                            query_start, seq_lens, Hq, Hkv, D, BS, G, scale};
-    int oom = 0;
-#pragma omp parallel num_threads(nt)
-    {
-        /* the thread's kept buffer (page faults of a fresh one per call were measurable) */
-        float *ws = dp_thread_scratch(sizeof(float) * (size_t)dp_pfa_ws_floats(D));
-        if (!ws) {
-#pragma omp atomic write
-            oom = 1;
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t i = 0; i < items; i++)
-            if (ws) fn(&a, it[i].b, it[i].h, it[i].v_lo, it[i].v_hi, ws);
-    }
+    pfa_job j = {&a, fn, it, items, D, 0, 0};
+    dp_team_run(nt, pfa_task, &j);
     free(it);
-    return oom ? -5 : 0;
+    return j.oom ? -5 : 0;
 }

@@ -15,7 +15,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <omp.h>
 #include "dp_internal.h"
 
 #define SPLITMIX_GAMMA 0x9E3779B97F4A7C15ULL
@@ -39,6 +38,20 @@ static race_result race_span(const float *p, int64_t v0, int64_t v1, uint64_t ke
     return r;
 }
 
+typedef struct {
+    const float *probs; int64_t V; int S; int64_t items; const int64_t *keys; race_result *part;
+} race_job;
+
+/* Items (row r, span s) of S spans a row, contiguous ranges of them per team member. */
+static void race_task(void *p, int t, int nth) {
+    const race_job *j = p;
+    for (int64_t it = j->items * t / nth; it < j->items * (t + 1) / nth; it++) {
+        const int64_t r = it / j->S, s = it % j->S;
+        j->part[it] = race_span(j->probs + r * j->V, j->V * s / j->S, j->V * (s + 1) / j->S,
+                                (uint64_t)j->keys[r]);
+    }
+}
+
 int dp_exponential_race(const float *probs, int R, int64_t V, const int64_t *keys, int64_t *out,
                         int num_threads) {
     if (R <= 0 || V <= 0) return -2;
@@ -47,11 +60,8 @@ int dp_exponential_race(const float *probs, int R, int64_t V, const int64_t *key
     const int S = R >= nt ? 1 : (nt + R - 1) / R;
     race_result *part = malloc(sizeof(race_result) * (size_t)R * S);
     if (!part) return -5;
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t it = 0; it < (int64_t)R * S; it++) {
-        const int64_t r = it / S, s = it % S;
-        part[it] = race_span(probs + r * V, V * s / S, V * (s + 1) / S, (uint64_t)keys[r]);
-    }
+    race_job j = {probs, V, S, (int64_t)R * S, keys, part};
+    dp_team_run(nt, race_task, &j);  /* a decode step's: on the decode path's team */
     for (int r = 0; r < R; r++) {
         race_result w = part[(int64_t)r * S];
         for (int s = 1; s < S && !w.nan; s++) {  /* spans in order: ties keep the first */

@@ -978,10 +978,24 @@ PLANTS = [
           "            if route == FULL_CPU else None",
           "            if False else None",
           ("tests/runtime/test_one_call_decode.py",)),
-    Plant("short-spin-everywhere", "workers spin briefly on cores of their own and under "
-          "gpu-only too", "dualpace/runtime/supervisor.py",
-          "    two_tiers_share = bool(spec.all_cores) and spec.config.policy_object.host_tier",
-          "    two_tiers_share = True", ("tests/runtime/test_thread_share.py",)),
+    Plant("team-gated-on-own-word", "the decode team's idle wait reads its own tier's "
+          "occupancy word instead of the other's", "dualpace/runtime/worker_main.py",
+          "                team.set_gate(peer.address)",
+          "                team.set_gate(mine.address)",
+          ("tests/runtime/test_thread_share.py::"
+           "test_a_served_run_uses_every_core_while_one_tier_works",)),
+    Plant("team-ignores-gate", "the team's helpers spin the long budget out whatever the "
+          "other tier does", "cext/team.c",
+          "    const int other_busy = g && __atomic_load_n(g, __ATOMIC_RELAXED);",
+          "    const int other_busy = 0 && g;", ("tests/kernels/test_team.py",)),
+    Plant("team-spins-without-yielding", "the team's helpers spin out the long budget "
+          "without giving way to other threads on their core", "cext/team.c",
+          "            if (next == SPIN_YIELDING) sched_yield();", "",
+          ("tests/kernels/test_team.py",)),
+    Plant("team-parks-at-once", "the team's helpers sleep right after each call, gate or not",
+          "cext/team.c",
+          "    if (ns < __atomic_load_n(&T.short_ns, __ATOMIC_RELAXED)) return SPIN;",
+          "    return PARK;", ("tests/kernels/test_team.py",)),
 ]
 
 

@@ -86,7 +86,8 @@ _threads_override = 0
 
 
 def set_num_threads(n: int) -> None:
-    """Threads of the kernels' OpenMP regions from now on (0: the pinned cores)."""
+    """Threads of the kernels' calls from now on (their thread team, cext/team.c; 0: the
+    pinned cores)."""
     global _threads_override
     _threads_override = max(0, int(n))
 
@@ -264,7 +265,7 @@ def copy_blocks(
 
 
 def stream_read(buf: torch.Tensor, threads: int | None = None) -> float:
-    """Sum a float32 buffer with OpenMP threads (DRAM read-bandwidth probe for benches)."""
+    """Sum a float32 buffer on the kernels' threads (DRAM read-bandwidth probe for benches)."""
     ffi, lib = require()
     _check_tensor(buf, "buf", 1, (torch.float32,))
     return lib.dp_stream_read(ffi.cast("float *", buf.data_ptr()), buf.numel(),

@@ -17,8 +17,8 @@ against MKL's 0.68-0.78 through torch, which the 1-stream TTFT of issue 14 paid)
 elsewhere (cpu_kernels.prefill_gemm_isa). The elementwise work between them (RMSNorm; q/k
 norm, RoPE and KV append; SiLU * up) is one C call each, and the residual adds ride in the
 GEMMs: a layer is then four GEMMs, attention and three short C calls instead of some thirty
-torch ops. Each of those ops was a parallel region whose team
-wakes from sleep (the short OpenMP spin of runtime/supervisor.py when two tiers share cores):
+torch ops. Each of those ops was an OpenMP parallel region whose team woke from sleep (the
+short spin of runtime/supervisor.py):
 a 256-token prefill of the llama.cpp comparison model took 97 ms with that spin against 86
 without, and its elementwise ops a quarter of the step (issue 14's single-stream TTFT).
 
@@ -357,11 +357,11 @@ class NativeStages:
         (cext/argmax.c, as sampling's greedy_tokens gives it) else None, seconds in
         attention). One call where there were three or four with Python between them: that
         Python ran on caches the step's weight stream had just flushed (~0.4 ms a step on a
-        2-core Zen 4, against ~30 us warm), and the OpenMP team fell asleep in it, whose
-        wake-up then waited for a core the engine had taken. The head is ``final``'s
-        decode-sized path (dp_norm_linear) on the hidden rows rounded to the model's
-        activation dtype as they cross to it (a bf16 model's), so the logits are the same;
-        only for T below ``gemm_from_rows`` (where ``final`` takes that path)."""
+        2-core Zen 4, against ~30 us warm), and the kernels' threads (then OpenMP's) fell
+        asleep in it, whose wake-up then waited for a core the engine had taken. The head
+        is ``final``'s decode-sized path (dp_norm_linear) on the hidden rows rounded to the
+        model's activation dtype as they cross to it (a bf16 model's), so the logits are the
+        same; only for T below ``gemm_from_rows`` (where ``final`` takes that path)."""
         T = int(input_ids.shape[0])
         if self.gemm_from_rows <= T:
             raise ValueError(f"decode_logits: {T} rows take the GEMM head (from "

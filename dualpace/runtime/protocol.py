@@ -198,6 +198,7 @@ class Stats(_Msg, tag=24):
     attention_calls: dict[str, int] = {}  # attention calls per backend function (module)
     graph_steps: int = 0  # GPU: decode steps replayed from captured graphs
     threads: int = 0  # shared cores: the thread count last picked (0: fixed placement)
+    team_parks: int = 0  # times a C kernel helper thread went to sleep idle (kernels/team.py)
 
 
 class Shutdown(_Msg, tag=25):

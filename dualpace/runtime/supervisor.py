@@ -48,32 +48,26 @@ log = logging.getLogger("dualpace.runtime")
 RING = RingLayout()
 
 
-# Where both tiers compute on the same cores, OpenMP threads that finish a parallel region
-# spin this many pause iterations (~13 ns each on an Ice Lake-SP) before sleeping: ~40 us,
-# enough to bridge the gaps between one decode step's native calls. libgomp's default
-# (300,000: ~4 ms) is tuned for a process that owns its cores; here the two workers hand
-# work to each other every layer (Dense Assist, the gated pipeline) and switch between
-# their own share and every core as the other tier comes and goes, and an idle team that
-# spins for milliseconds takes the core the other worker needs. On 2 shared cores the gated
-# policy's normalized latency at 2 req/s went from 0.051-0.086 to 0.013 s/token, dualpace's
-# at 8 req/s from 0.035 to 0.015 (bench/compare_policies.py). gpu-only keeps the default:
-# its CPU worker never computes, and the short spin cost it ~35% at 12 req/s (0.011 against
-# 0.008 s/token, two runs each). Code that opens many short parallel regions pays for the
-# short spin: a prefill chunk as ~30 torch ops a layer took 97 ms for 256 tokens against 86
-# with the default; as four GEMMs and three C calls (model/native_stages.py) 82 either way.
+# OpenMP threads that finish a parallel region spin this many pause iterations (~13 ns each
+# on an Ice Lake-SP) before sleeping: ~40 us. The C kernels run on a thread team of their own
+# (cext/team.c, whose idle wait follows the other tier's occupancy), so OpenMP's threads are
+# torch's alone: the torch stages and ops of a prefill or a step, each a region of its own.
+# libgomp's default (300,000: ~4 ms) would keep them spinning on the cores the team's next
+# kernel call needs, in this process and, on shared cores, in the other worker's; the short
+# spin cost a prefill chunk of four GEMMs and three C calls nothing (82 ms either way). It
+# used to be set only for two tiers on shared cores, when the C kernels were OpenMP too
+# (there, under gpu-only, the short spin cost decode ~35% at 12 req/s).
 OMP_SPIN_COUNT = 3000
 
 
 def worker_env(spec: P.WorkerSpec, base: dict[str, str]) -> dict[str, str]:
     """A worker process's environment: ``base`` plus its spec, thread pools sized to its
-    cores, and a short OpenMP spin when both tiers compute on shared cores, unless the
-    operator chose a wait policy or spin count."""
+    cores, and a short OpenMP spin unless the operator chose a wait policy or spin count."""
     env = dict(base)
     env[SPEC_ENV] = msgspec.json.encode(spec).decode()
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = str(len(spec.all_cores or spec.cores))
-    two_tiers_share = bool(spec.all_cores) and spec.config.policy_object.host_tier
-    if two_tiers_share and "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env:
+    if "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env:
         env["GOMP_SPINCOUNT"] = str(OMP_SPIN_COUNT)
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # TP ranks are local processes
     return env

@@ -20,6 +20,7 @@ import torch
 import zmq
 
 from dualpace.kernels import cpu as cpu_kernels
+from dualpace.kernels import team
 from dualpace.kernels.futex import FutexWord
 from dualpace.kv.block_pool import blocks_for_tokens
 from dualpace.kv.cache import KVCache
@@ -106,6 +107,10 @@ class WorkerProcess:
             self.threads = ThreadShare(len(spec.cores), len(spec.all_cores), mine, peer)
             self.worker.model.layer_hook = self.threads.check
             self.worker.model.native_threads = self.threads.native_args()
+            if cpu_kernels.available():
+                # the C kernels' idle threads keep their core warm only while the other
+                # tier is not in a step (dualpace/kernels/team.py)
+                team.set_gate(peer.address)
 
     def _all_reduce(self, device: torch.device):
         """The tensor-parallel group's sum (torch.distributed: NCCL on CUDA, else Gloo)."""
@@ -270,6 +275,7 @@ class WorkerProcess:
                                 assist_at_boundary=getattr(w, "boundary_served", 0),
                                 graph_steps=getattr(w, "graph_steps", 0),
                                 threads=self.threads.current if self.threads else 0,
+                                team_parks=team.parks() if cpu_kernels.available() else 0,
                                 attention_calls=dict(w.model.attention_calls))
             elif isinstance(msg, P.AssistSamplesRequest):
                 samples = getattr(w, "assist_samples", None)
@@ -308,6 +314,8 @@ def main() -> int:
     thread = threading.Thread(target=proc.control_thread, args=(sock,), daemon=True)
     thread.start()
     proc.loop()
+    if proc.threads is not None and cpu_kernels.available():
+        team.set_gate(None)  # before the occupancy segment goes: no thread reads it then
     thread.join(timeout=1.0)
     sock.close()
     ctx.term()
