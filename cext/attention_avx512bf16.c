@@ -238,7 +238,8 @@ static inline __attribute__((always_inline)) void item_bf(
             const int64_t hb = base + h * head_bytes;
             block_head_bf((const char *)a->k_cache + hb, (const char *)a->v_cache + hb, n, D,
                           qb + (int64_t)h * G * D, a->scale, m + h * G, l + h * G,
-                          acc + (int64_t)h * G * D, s, pw, perm, nxt, G);
+                          acc + (int64_t)h * G * D, s, pw, perm,
+                          dp_prefetch_distance(h, nh, head_bytes, nxt), G);
         }
         t += n;
     }

@@ -25,7 +25,7 @@
  * 32 KB pieces 12.3, the same as a sequential read. */
 #include <math.h>
 
-/* One block (n rows) of KV head h: QK (prefetching the same rows of the block nxt bytes on),
+/* One block (n rows) of KV head h: QK (prefetching the rows nxt bytes on, the next head's),
  * the online-softmax update of the group's G query heads, PV. */
 static inline __attribute__((always_inline)) void block_head(
     const dp_attn_args *a, const char *kp, const char *vp, int n, const float *qf,
@@ -91,7 +91,7 @@ static inline __attribute__((always_inline)) void item_impl(
             const int64_t hb = base + h * head_bytes;
             block_head(a, (const char *)a->k_cache + hb, (const char *)a->v_cache + hb, n,
                        qf + (int64_t)h * G * D, m + h * G, l + h * G, acc + (int64_t)h * G * D,
-                       s, nxt, G, kvdt, pairs);
+                       s, dp_prefetch_distance(h, nh, head_bytes, nxt), G, kvdt, pairs);
         }
         t += n;
     }

@@ -37,10 +37,10 @@ static inline __attribute__((always_inline)) void store_scores(
             for (int g = 0; g < G; g++) s[t * ss + g] = sums[t * G + g];
 }
 
-/* The next block's line, prefetched beside this block's: nxt is the byte distance from a
- * row of this block to the same row of the next one (0 when there is none: the prefetch
- * then touches a line already in cache). Paged blocks are a few KB on their own pages,
- * where the hardware prefetchers stop. QK prefetches the K lines and PV the V lines, one
+/* The line nxt bytes on, prefetched beside this one: the same row of the next head's rows
+ * in this block, or of the next block (dp_prefetch_distance; 0 when there is none: the
+ * prefetch then touches a line already in cache). Paged blocks are a few KB on their own
+ * pages, where the hardware prefetchers stop. QK prefetches the K lines and PV the V lines, one
  * line per line read, so the prefetches spread evenly through the compute: issued all at
  * once per block they filled the line-fill buffers and stalled the core, and with both K's
  * and V's issued during QK (a third of a G = 8 step) a G = 8 step ran 1.3-1.5x slower from
