@@ -97,6 +97,7 @@ class GpuWorker:
         kvs = model.cfg.kv_size  # ... and its k/v columns of a full QKV output
         self.kv_cols = slice(tp_rank * kvs, (tp_rank + 1) * kvs)
         self.boundary_served = 0  # assists served between two main stage tasks
+        self.step_pauses = 0  # one-call decode steps' stops at a layer boundary (_pause)
         self.graphs = graphs
         self.graph_steps = 0  # decode steps replayed from graphs
         self.ops = DeviceOps(model.device)
@@ -440,7 +441,12 @@ class GpuWorker:
         if not self.assist_reachable:
             return None
         self.boundary()
-        return [ch.state for ch in self.channels], ASSIST_CPU_READY, self.boundary
+        return [ch.state for ch in self.channels], ASSIST_CPU_READY, self._serve_paused
+
+    def _serve_paused(self) -> None:
+        """The one-call step stopped at a layer boundary, an assist word raised: serve it."""
+        self.step_pauses += 1
+        self.boundary()
 
     def _eager(self, hidden, fb, kv, staging_tables, seqs, mig_fences) -> torch.Tensor:
         m = self.model

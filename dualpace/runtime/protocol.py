@@ -195,6 +195,7 @@ class Stats(_Msg, tag=24):
     routes: dict[str, int] = {}
     assist_busy_us: int = 0
     assist_at_boundary: int = 0  # GPU: assists served between two main stage tasks
+    step_pauses: int = 0  # GPU: one-call decode steps stopped at a layer boundary for assists
     attention_calls: dict[str, int] = {}  # attention calls per backend function (module)
     graph_steps: int = 0  # GPU: decode steps replayed from captured graphs
     threads: int = 0  # shared cores: the thread count last picked (0: fixed placement)

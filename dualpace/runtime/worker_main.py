@@ -273,6 +273,7 @@ class WorkerProcess:
                                 routes=dict(getattr(w, "routes", {})),
                                 assist_busy_us=getattr(w, "assist_busy_us", 0),
                                 assist_at_boundary=getattr(w, "boundary_served", 0),
+                                step_pauses=getattr(w, "step_pauses", 0),
                                 graph_steps=getattr(w, "graph_steps", 0),
                                 threads=self.threads.current if self.threads else 0,
                                 team_parks=team.parks() if cpu_kernels.available() else 0,

@@ -157,6 +157,10 @@ def test_neo_pipeline_overlaps_the_gpu_step(llama_checkpoint, tp, split):
                for s in steps)
     assert stats["gpu"].assist_served >= 5 * sub_batches * (layers + 1)
     assert stats["gpu"].assist_at_boundary > 0, "no assist was served inside a GPU step"
+    # one rank: its decode steps are one native call that stops at a layer boundary for a
+    # waiting assist; with two sub-batches ~30 assists arrive, about a third of them mid-step
+    if tp[0] == 1 and sub_batches == 2:
+        assert stats["gpu"].step_pauses > 0, "no one-call GPU step stopped for an assist"
     long_prompt = _prompts(31)[2] * 4
     assert gpu_out == hf_greedy(hf, long_prompt, len(gpu_out))
 
