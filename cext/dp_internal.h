@@ -194,8 +194,6 @@ static inline int dp_gemm_mr(int isa) { return isa == DP_ISA_AVX512 ? 32 : 16; }
 static inline int dp_gemm_nr(int isa) {
     return isa == DP_ISA_AVX512 ? DP_GEMM_NR_AVX512 : DP_GEMM_NR_AVX2;
 }
-/* Thread t's share [lo, hi) of n output rows, in whole 4-row tiles (the linear's register
- * tile), contiguous per thread. */
 /* Rows [0, n) of a projection over the T threads of a region, in 16-row units: thread t
  * owns the t-th contiguous share and takes it from the front, DP_CLAIM_UNITS at a time;
  * a thread whose share is done takes the same amount from the back of another's. The

@@ -6,7 +6,18 @@
  * vreduce_add(v), and LINEAR_FN; and, with DP_TILE_SUMS, tile_sums(acc, mr, nr, bias, out,
  * N): out[i*N + j] = the lane sum of acc[i][j] (+ bias[j]) for the whole tile, which the
  * ISA does as one reduction tree (a horizontal sum per output was ~10 ops against its 32
- * FMAs at K = 512). */
+ * FMAs at K = 512).
+ *
+ * From 5 rows of x a tile takes ceil(M / MR) passes over its W rows, the first from DRAM,
+ * the rest from L1, and the compute of the later passes barely overlaps the next tile's
+ * reads: on a Zen 5 (2 threads, the llama.cpp comparison model's K = 512 projections) 8
+ * rows took about the 4-row time plus the 8-row time with W hot in cache (gate/up: 139 + ~70 ->
+ * ~180 us), 0.55-0.65 of the DRAM bandwidth against 0.8-0.9 at 4 rows. Tried there against
+ * this loop (both builds in one process, calls interleaved) and dropped: an 8 x 2 tile on
+ * AVX-512 (one pass at 8 rows: 1.0-1.09x at 8 rows, 0.6-0.9x at 16 and 32), the seq loop up
+ * to 8 rows (0.85x), the prefetch into L2 (1.0x) or two tiles ahead (1.0x), and from 24
+ * rows of fp32 W the prefill GEMM's tile (gemm_body.h) on x packed per thread (0.55-0.8x at
+ * 24-64 rows, 0.67-1.1x at 128). */
 #define MR 4
 #define NR 4
 
