@@ -999,6 +999,18 @@ PLANTS = [
           "cext/team.c",
           "    if (ns < __atomic_load_n(&T.short_ns, __ATOMIC_RELAXED)) return SPIN;",
           "    return PARK;", ("tests/kernels/test_team.py",)),
+    Plant("gated-waits-on-full-host", "the gated selection has no liveness rule: with the host "
+          "KV full of waiting decodes and no GPU work it waits for ever",
+          "dualpace/engine/llm_engine.py",
+          "        if not sel.cpu and gpu.tokens == 0:\n            sel = self._gated_liveness(",
+          "        if False:\n            sel = self._gated_liveness(",
+          ("tests/sim/test_simulator.py::"
+           "test_gated_runs_on_when_waiting_decodes_fill_the_host_pool",)),
+    Plant("cpu-head-without-room", "the CPU round's progress guarantee preempts nobody",
+          "dualpace/engine/cpu_round.py", "    for victim in victims:\n        if over <= 0:",
+          "    for victim in victims[:0]:\n        if over <= 0:",
+          ("tests/engine/test_scheduler_rounds.py::"
+           "test_recompute_preemption_voids_the_mark",)),
 ]
 
 

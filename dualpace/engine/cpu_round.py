@@ -89,22 +89,38 @@ def step4_wait_on_readiness(st: SchedulerState, b: _Budget, plan: CpuPlan) -> No
 
 def _progress_guarantee(st: SchedulerState, b: _Budget, plan: CpuPlan,
                         head: EngineRequest) -> None:
-    """Liveness beyond the paper's envelope, with Eq. 2 kept whole. The idle tier's ready
-    head is excluded by Eq. 2 only when host KV is held by waiting requests (their growth is
-    reserved only while they run, so their peaks need not fit together) or by the migration
-    reserve; the paper's rules would then wait for ever on the first. If recompute-
-    preempting younger waiting requests (their KV dropped, back to the GPU waiting queue, as
-    vLLM preempts) makes room, the youngest go until the head fits. If only the reserve
-    stands in the way, the head waits, as A.2 step 4 says, and claims its growth so the GPU
-    round's admissions cannot grow the reserve past it: GPU requests finish, the reserve
-    shrinks, the head runs."""
+    """Liveness beyond the paper's envelope (make_room_for_head): the idle tier's ready
+    head runs once room is made for it, or waits claiming its growth."""
+    victims = make_room_for_head(st, head)
+    if victims is None:
+        return
+    plan.recomputed += victims
+    st.cpu_waiting.remove(head)
+    b.selected.append(head)
+    b.growth += head.growth_blocks()
+
+
+def make_room_for_head(st: SchedulerState, head: EngineRequest) -> list[EngineRequest] | None:
+    """Liveness beyond the paper's envelope, with Eq. 2 kept whole, for a ready CPU-waiting
+    ``head`` that nothing else will run. Eq. 2 excludes it only when host KV is held by
+    waiting requests (their growth is reserved only while they run, so their peaks need not
+    fit together) or by the migration reserve; the paper's rules would then wait for ever on
+    the first. If recompute-preempting younger waiting requests (their KV dropped, back to
+    the GPU waiting queue, as vLLM preempts) makes room, the youngest go until the head
+    fits: returns them (none if it fits already), and the caller runs the head. If only the
+    reserve stands in the way, returns None: the head waits, as A.2 step 4 says, and claims
+    its growth (``cpu_head_claim``) so the GPU round's admissions cannot grow the reserve
+    past it: GPU requests finish, the reserve shrinks, the head runs. Used by the CPU round
+    and by the gated pipeline's selection (llm_engine.py), whose NEO admission has no such
+    rule of its own."""
     cap = st.host_pool.num_blocks
     over = (st.host_pool.num_used + head.growth_blocks() + st.migration_reserve) - cap
     victims = [r for r in reversed(st.cpu_waiting) if r is not head and r.ready
                and not r.in_flight and not r.finished]
     if over > sum(len(v.blocks) for v in victims):
         st.cpu_head_claim = head.growth_blocks()
-        return
+        return None
+    preempted = []
     for victim in victims:
         if over <= 0:
             break
@@ -113,10 +129,8 @@ def _progress_guarantee(st: SchedulerState, b: _Budget, plan: CpuPlan,
         st.host_pool.free(victim.blocks)
         victim.reset_for_recompute()
         st.gpu_waiting.appendleft(victim)
-        plan.recomputed.append(victim)
-    st.cpu_waiting.popleft()
-    b.selected.append(head)
-    b.growth += head.growth_blocks()
+        preempted.append(victim)
+    return preempted
 
 
 def step5_commit(st: SchedulerState, b: _Budget, plan: CpuPlan) -> None:

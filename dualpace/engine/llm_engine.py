@@ -22,8 +22,8 @@ import logging
 import random
 import time
 
-from dualpace.engine.cost_model import GpuWork, NeoCostModel, neo_select
-from dualpace.engine.cpu_round import cpu_round
+from dualpace.engine.cost_model import GpuWork, NeoCostModel, NeoSelection, neo_select
+from dualpace.engine.cpu_round import cpu_round, make_room_for_head
 from dualpace.engine.gpu_round import GpuPlan, StepRow, gpu_round
 from dualpace.engine.lookahead import commit_lookahead, lookahead_rows
 from dualpace.engine.metrics import Metrics
@@ -544,8 +544,12 @@ class LLMEngine:
 
         candidates = [r for r in st.cpu_waiting if r.ready and not r.finished
                       and not r.in_flight]
-        sel = neo_select(self.neo, _gpu_work(plan), candidates, lambda r: r.num_tokens,
+        gpu = _gpu_work(plan)
+        sel = neo_select(self.neo, gpu, candidates, lambda r: r.num_tokens,
                          st.limits.cpu_batch_limit, fits)
+        st.cpu_head_claim = 0
+        if not sel.cpu and gpu.tokens == 0:
+            sel = self._gated_liveness(candidates)
         for r in sel.cpu:
             st.cpu_waiting.remove(r)
             r.blocks += st.host_pool.allocate(r.blocks_for_next())
@@ -553,6 +557,22 @@ class LLMEngine:
         self._introduce("cpu", sel.cpu)
         for r in sel.cpu:
             r.in_flight = "cpu"
+        return sel
+
+    def _gated_liveness(self, candidates: list[EngineRequest]) -> NeoSelection:
+        """No GPU work and no CPU decode that fits Eq. 2: the host KV is full of waiting
+        requests, each a token short of a block, and the GPU cannot take them (a prompt
+        longer than its pool waits for Prefill-to-CPU, which needs host blocks). NEO's
+        admission (neo_select's own liveness rule runs the FIFO head alone only if it fits)
+        would then wait for ever: a simulated sweep here stalled so at 16 req/s (gated, 200
+        requests, 8192 host blocks full with 107 waiting decodes). As the CPU round does
+        (cpu_round.make_room_for_head), the youngest waiting requests are recompute-
+        preempted until the first ready one fits, and it runs alone."""
+        sel = NeoSelection()
+        head = next((r for r in candidates if not r.swap_in_mark), None)
+        if head is None or make_room_for_head(self.state, head) is None:
+            return sel
+        sel.sb1, sel.adopted = [head], True
         return sel
 
     # --- shared helpers ----------------------------------------------------------------------
