@@ -1011,6 +1011,16 @@ PLANTS = [
           "    for victim in victims[:0]:\n        if over <= 0:",
           ("tests/engine/test_scheduler_rounds.py::"
            "test_recompute_preemption_voids_the_mark",)),
+    Plant("population-order-differs", "the round ranks its swap-ins before its admissions "
+          "(Eq. 2's reserve) while step 7 commits the admissions first",
+          "dualpace/engine/gpu_round.py",
+          "    pop += [q for r, _ in plan.prefills for q in r.group() if q not in pop]\n"
+          "    pop += [m.req for m in plan.swap_in]\n",
+          "    pop += [m.req for m in plan.swap_in]\n"
+          "    pop += [q for r, _ in plan.prefills for q in r.group() if q not in pop]\n",
+          ("tests/sim/test_simulator.py::"
+           "test_a_round_commits_the_gpu_population_in_the_order_it_checked_eq2_with",
+           "tests/engine/test_scheduler_properties.py")),
 ]
 
 

@@ -356,6 +356,19 @@ def step7_commit(st: SchedulerState, plan: GpuPlan) -> None:
         st.gpu_pool.free(r.blocks)
         r.reset_for_recompute()
         st.gpu_waiting.appendleft(r)
+    # Admissions join the GPU running queue before this round's swap-ins, the order in
+    # which _gpu_population ranks them and the round checked Eq. 2 with: appended after the
+    # swap-ins, the next round's reserve (Eq. 4, scanned from the tail) took a larger
+    # admission instead of a swap-in and broke Eq. 2 (used 41 + growth 4 + migration 23 >
+    # 60 in a simulated run, the reserve 8 when the round checked it).
+    for r, _ in plan.prefills:
+        if r.phase is Phase.WAITING:
+            st.gpu_waiting.remove(r)
+            nb = blocks_for_tokens(r.num_tokens, st.gpu_pool.block_size)
+            for q in r.group():  # siblings wait in PREFILL, awaiting_fork, for the KV copy
+                q.blocks = st.gpu_pool.allocate(nb)
+                q.phase = Phase.PREFILL
+                st.gpu_running.append(q)
     for m in plan.swap_in:
         r = m.req
         m.dst = st.gpu_pool.allocate(blocks_for_tokens(m.num_tokens, st.gpu_pool.block_size))
@@ -368,14 +381,6 @@ def step7_commit(st: SchedulerState, plan: GpuPlan) -> None:
         plan.decodes.append(r)
     for r in plan.decodes:
         r.blocks += st.gpu_pool.allocate(r.blocks_for_next())
-    for r, _ in plan.prefills:
-        if r.phase is Phase.WAITING:
-            st.gpu_waiting.remove(r)
-            nb = blocks_for_tokens(r.num_tokens, st.gpu_pool.block_size)
-            for q in r.group():  # siblings wait in PREFILL, awaiting_fork, for the KV copy
-                q.blocks = st.gpu_pool.allocate(nb)
-                q.phase = Phase.PREFILL
-                st.gpu_running.append(q)
     for r in plan.to_cpu:
         st.gpu_waiting.remove(r)
         nb = blocks_for_tokens(r.num_tokens, st.host_pool.block_size)

@@ -2,7 +2,8 @@
 policy's rounds, every migration) on a virtual-time loop with simulated workers, fed the
 load generator's jobs at the load generator's arrival offsets, summarised with the load
 generator's keys (dualpace/workload.py). Every round checks the scheduler's invariants
-(single ownership, exact block accounting, Eq. 2); a violation ends the run with an error.
+(single ownership, exact block accounting, Eq. 2, the published reserve); a violation ends
+the run with an error.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ def _check_round(engine: LLMEngine, kind: str, plan) -> None:
     violation = st.eq2_violation()
     if violation:
         raise InvariantViolation(f"after a {kind} round: {violation}")
+    if kind == "gpu":
+        violation = st.reserve_violation()
+        if violation:
+            raise InvariantViolation(f"after a gpu round: {violation}")
 
 
 async def _run(setup: SimSetup, costs: CostModel, policy: str, jobs: list[Job],

@@ -27,6 +27,9 @@ def check_round(engine: LLMEngine, kind: str, plan) -> None:
     # Eq. 2 in full: used + growth + B_C^migration (B_C^planned is materialised by now).
     violation = st.eq2_violation()
     assert violation is None, violation
+    if kind == "gpu":
+        violation = st.reserve_violation()
+        assert violation is None, violation
     if kind == "cpu":
         for r in plan.batch:
             assert r.ready and r.owner.value == "cpu"

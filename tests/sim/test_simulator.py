@@ -278,6 +278,22 @@ def test_gated_runs_on_when_waiting_decodes_fill_the_host_pool():
         assert out["total_output_tokens"] == sum(j.max_tokens for j in jobs)
 
 
+def test_a_round_commits_the_gpu_population_in_the_order_it_checked_eq2_with():
+    """A round admitting a prompt and swapping a request in checks Eq. 2 with the reserve
+    (Eq. 4) of its population ranked admissions before swap-ins; step 7 appended the
+    swap-in first, so the next round's reserve, scanned from the tail, took the larger
+    admission instead: 8 blocks published, 23 the next round, and Eq. 2 broken with no
+    admission at all (used 41 + growth 4 + migration 23 > 60). Every round now also checks
+    that the published reserve is the committed population's (reserve_violation)."""
+    import random
+
+    rng = random.Random(1)
+    jobs = [Job([1] * rng.randint(10, 300), rng.randint(5, 150)) for _ in range(50)]
+    out = simulate(_small_setup(gpu_blocks=60, host_blocks=60), _Costs(), "dualpace", jobs,
+                   rate=20.0)
+    assert out["completed"] == 50 and out["failed"] == 0
+
+
 def test_simulation_is_deterministic_and_load_raises_latency():
     a = simulate(_small_setup(), _Costs(), "dualpace", _jobs(), rate=20.0)
     b = simulate(_small_setup(), _Costs(), "dualpace", _jobs(), rate=20.0)
