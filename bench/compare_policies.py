@@ -178,9 +178,18 @@ def prepare(args) -> tuple[str, list]:
         jobs = loadgen.load_trace(args.trace, args.num_requests, args.clip_input,
                                   args.clip_output, 256, args.seed)
     else:
+        # said out loud, and in the JSON (workload): a checkout outside its usual tree
+        # (a worktree in /tmp) once ran a whole validation sweep on random jobs unawares
+        print(f"compare_policies: no trace at {args.trace}: random jobs instead",
+              file=sys.stderr)
         jobs = loadgen.random_jobs(args.num_requests, args.clip_input // 2,
                                    args.clip_output // 2, 0.9, 256, args.seed)
     return model, jobs
+
+
+def workload(args) -> str:
+    """What prepare replays: the trace's path, or random jobs where there is none."""
+    return args.trace if os.path.exists(args.trace) else "random"
 
 
 def simulate_policy(model: str, policy: str, jobs, args, profile: dict,
@@ -389,7 +398,8 @@ def repeated_sweeps(model: str, jobs, policies, args) -> list[dict]:
         runs = {p: run_policy(model, p, jobs, rep_args) for p in policies}
         _, summary = summarize(runs, args.target_factor, real=True)
         (Path(rep_args.out) / "compare.json").write_text(
-            json.dumps({"summary": summary, "runs": runs}, indent=2))
+            json.dumps({"summary": summary, "runs": runs, "workload": workload(args)},
+                       indent=2))
         reps.append(runs)
     return reps
 
@@ -481,13 +491,18 @@ def main() -> None:
         name = "compare"
     targets, summary = summarize(results, args.target_factor, real=not args.simulate)
     if args.simulate and (out / "compare.json").exists():
-        extra["validation"] = validation(json.loads((out / "compare.json").read_text()),
-                                         results, args.target_factor)
-    (out / f"{name}.json").write_text(json.dumps({"summary": summary, "runs": results},
-                                                 indent=2))
+        real = json.loads((out / "compare.json").read_text())
+        if real.get("workload", workload(args)) != workload(args):
+            print(f"compare_policies: the real sweep in {out} replayed {real['workload']}, "
+                  f"this one {workload(args)}: the validation compares different workloads",
+                  file=sys.stderr)
+        extra["validation"] = validation(real, results, args.target_factor)
+    (out / f"{name}.json").write_text(json.dumps({"summary": summary, "runs": results,
+                                                  "workload": workload(args)}, indent=2))
     plot_sweep(results, targets, out / f"{name}.png")
     emit({"bench": "compare_policies", "simulated": args.simulate, "policies": summary,
-          "targets": targets, "rates": args.rates, "num_requests": args.num_requests,
+          "targets": targets, "rates": args.rates, "workload": workload(args),
+          "num_requests": args.num_requests,
           "clip": [args.clip_input, args.clip_output],
           "dualpace_profile": profile_flags(args.profile)[1:],
           "plot": str(out / f"{name}.png"), **extra}, args.json)

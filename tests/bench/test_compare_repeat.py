@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -103,3 +104,25 @@ def test_resummarize_reads_the_saved_sweeps_and_says_what_is_missing(tmp_path):
         1.0, 2.0]
     with pytest.raises(SystemExit, match="rep1 has no sweep of gated"):
         saved_sweeps(tmp_path, ["dualpace", "gated"])
+
+
+def test_a_missing_trace_is_said_and_recorded_as_random_jobs(tmp_path, capsys):
+    """prepare() replays the trace where it exists; without one it takes random jobs, says
+    so on stderr, and workload() names it "random" for the JSON (a sweep from a worktree
+    outside the usual tree once compared random jobs with a simulation of the trace)."""
+    import compare_policies
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     "2023-11-16 18:15:46.6805900,12,5\n2023-11-16 18:15:50.1000000,30,9\n")
+    args = argparse.Namespace(model="ckpt", out=str(tmp_path / "out"), trace=str(trace),
+                              num_requests=2, clip_input=2048, clip_output=256, seed=0)
+    model, jobs = compare_policies.prepare(args)
+    assert model == "ckpt"
+    assert [(len(j.prompt), j.max_tokens) for j in jobs] == [(12, 5), (30, 9)]
+    assert compare_policies.workload(args) == str(trace)
+    assert "random" not in capsys.readouterr().err
+    args.trace = str(tmp_path / "missing.csv")
+    _, jobs = compare_policies.prepare(args)
+    assert len(jobs) == 2 and compare_policies.workload(args) == "random"
+    assert f"no trace at {args.trace}: random jobs instead" in capsys.readouterr().err
