@@ -294,6 +294,27 @@ def test_a_round_commits_the_gpu_population_in_the_order_it_checked_eq2_with():
     assert out["completed"] == 50 and out["failed"] == 0
 
 
+STRESS = [(gpu, host, rate) for gpu in (32, 60) for host in (30, 60, 200) for rate in (20.0, 500.0)]
+
+
+@pytest.mark.parametrize("policy", ["dualpace", "gated", "gpu-only"])
+def test_small_pools_under_load_keep_every_invariant(policy):
+    """The simulator as a stress test of the scheduler: small GPU and host pools, prompts of
+    10-300 tokens and up to 150 outputs (every request fits either pool alone), a steady and
+    a burst arrival rate. Each round checks single ownership, block accounting, Eq. 2 and
+    the published reserve; every request must finish. A 216-run sweep like this found the
+    two bugs tested above, which the property tests' smaller pools and prompts had not."""
+    import itertools
+    import random
+
+    for (gpu, host, rate), seed in itertools.product(STRESS, (1, 2)):
+        rng = random.Random(seed)
+        jobs = [Job([1] * rng.randint(10, 300), rng.randint(5, 150)) for _ in range(50)]
+        out = simulate(_small_setup(gpu_blocks=gpu, host_blocks=host), _Costs(), policy,
+                       jobs, rate=rate)
+        assert out["completed"] == 50 and out["failed"] == 0, (gpu, host, rate, seed)
+
+
 def test_simulation_is_deterministic_and_load_raises_latency():
     a = simulate(_small_setup(), _Costs(), "dualpace", _jobs(), rate=20.0)
     b = simulate(_small_setup(), _Costs(), "dualpace", _jobs(), rate=20.0)
