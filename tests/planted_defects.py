@@ -1022,6 +1022,11 @@ PLANTS = [
            "test_a_round_commits_the_gpu_population_in_the_order_it_checked_eq2_with",
            "tests/sim/test_simulator.py::test_small_pools_under_load_keep_every_invariant",
            "tests/engine/test_scheduler_properties.py")),
+    Plant("cpu-rows-one-slope", "the simulator prices a CPU step's rows past the knee at the "
+          "first slope", "dualpace/sim/costs.py",
+          '+ c.get("batch_past_knee", c["batch"]) * (batch - below)',
+          '+ c["batch"] * (batch - below)',
+          ("tests/sim/test_simulator.py::test_cpu_rows_are_priced_on_two_slopes",)),
 ]
 
 

@@ -6,11 +6,12 @@ Two sources:
 
 - ``FittedCosts``: linear models fitted to steps the real runtime executed on this box
   (``dualpace serve --step-log``): GPU time over the step's tokens, rows, attended context and
-  host-link KV; CPU time per route over batch and context. Non-negative least squares (a
-  cost never falls as work grows). ``Jittered`` adds the measured spread of steps around
-  the fit (``jitter_table``), the tails that P99 latencies are made of. Where the two
-  workers share cores, each fit also has a contention term (``contention_fit``): the
-  simulated workers then share the cores as the real ones did (``slowdown``).
+  host-link KV; CPU time per route over batch (two slopes, CPU_BATCH_KNEE) and context.
+  Non-negative least squares (a cost never falls as work grows). ``Jittered`` adds the
+  measured spread of steps around the fit (``jitter_table``), the tails that P99 latencies
+  are made of. Where the two workers share cores, each fit also has a contention term
+  (``contention_fit``): the simulated workers then share the cores as the real ones did
+  (``slowdown``).
 - ``RooflineCosts``: a hardware description (hardware.py) through per-stage roofline
   formulas: each stage takes max(bytes / bandwidth, FLOPs / peak) scaled by an efficiency,
   plus fixed per-step and per-call overheads.
@@ -40,7 +41,15 @@ JITTER_MIN_BIN = JITTER_QUANTILES  # steps each side of such a split needs
 JITTER_SPELL = 100  # mean run of consecutive measured steps whose ranks the draws replay
 GPU_FEATURES = ("prefill_tokens", "decode_rows", "context", "prefill_context", "link_tokens",
                 "carried_rows", "prefill_step")
-CPU_FEATURES = ("batch", "context")
+# A CPU step's rows are priced on two slopes: "batch" up to CPU_BATCH_KNEE rows, then
+# "batch_past_knee". Measured on the 2-core Zen 5 (a 200-request sweep at 12 req/s, Full-CPU
+# steps), a step grew ~0.36-0.41 ms a row from 1 to 3 rows and ~0.12-0.15 ms a row from 4 to
+# 13 (context included); one slope fitted to a log of mostly 1-2-row steps priced 12 rows at
+# 4.6 ms against 2.8 measured, and the simulated CPU tier then ran ever larger, slower
+# batches (2x the real P99 inter-token latency at 12-16 req/s). A profile without the
+# second slope (format 2 before it) prices every row at "batch", as it was fitted.
+CPU_BATCH_KNEE = 4
+CPU_FEATURES = ("batch", "batch_past_knee", "context")
 OVERLAP = "overlap"  # seconds of a step during which the other worker group ran a step
 MAX_LOST = 0.9  # the contention term's ceiling: a step beside the other keeps 10% of its pace
 
@@ -110,7 +119,18 @@ def fit_total_preserving(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def _feature(record: dict, name: str) -> float:
     if name == "prefill_step":
         return float(record["prefill_tokens"] > 0)
+    if name in ("batch", "batch_past_knee"):  # CPU records: the rows on two slopes
+        below = min(record["batch"], CPU_BATCH_KNEE)
+        return below if name == "batch" else record["batch"] - below
     return record[name]
+
+
+def cpu_linear(c: dict, batch: int, context: int) -> float:
+    """A CPU fit's seconds for a step of ``batch`` rows over ``context`` tokens: the
+    overhead, the rows on their two slopes (CPU_FEATURES), the context."""
+    below = min(batch, CPU_BATCH_KNEE)
+    return (c["overhead"] + c["batch"] * below
+            + c.get("batch_past_knee", c["batch"]) * (batch - below) + c["context"] * context)
 
 
 def contention_fit(samples: list[dict]) -> bool:
@@ -446,8 +466,8 @@ class FittedCosts:
     def cpu_step(self, w: CpuStepWork) -> CpuStepCost:
         c = self.cpu_coefs(w.route)
         a = c["attention"]
-        t = c["overhead"] + c["batch"] * w.batch + c["context"] * w.context
-        att = a["overhead"] + a["batch"] * w.batch + a["context"] * w.context
+        t = cpu_linear(c, w.batch, w.context)
+        att = cpu_linear(a, w.batch, w.context)
         if w.route == NEO_PIPELINE:
             # The gated pipeline's CPU half: its logged time is the whole pipelined step
             # (it waits for the GPU half every layer), and so is the GPU step's that carries

@@ -16,7 +16,7 @@ import pytest
 from dualpace.engine.state import Limits
 from dualpace.runtime import protocol as P
 from dualpace.runtime.step_work import CpuStepWork, GpuStepWork, gpu_step_work
-from dualpace.sim.costs import FittedCosts, RooflineCosts, fit_step_costs, nnls
+from dualpace.sim.costs import GPU_FEATURES, FittedCosts, RooflineCosts, fit_step_costs, nnls
 from dualpace.sim.hardware import CpuSpec, GpuSpec, Hardware, load_hardware, shipped_setups
 from dualpace.sim.loop import SimulationStalled, run_virtual
 from dualpace.sim.run import InvariantViolation, simulate
@@ -158,6 +158,31 @@ def test_nnls_and_the_step_cost_fit():
     # a route never measured costs what Full-CPU does
     assert costs.cpu_step(CpuStepWork(5, 1000, "fused-assist")).seconds == pytest.approx(
         c.seconds)
+
+
+def test_cpu_rows_are_priced_on_two_slopes():
+    """A CPU step's rows cost one slope up to CPU_BATCH_KNEE rows and another past it
+    (measured here: a steep one to 3-4 rows, a flat one to 13). Steps made on two slopes are
+    fitted back to them, a 12-row step priced by hand; a profile fitted before the second
+    slope existed prices every row at its one "batch" coefficient, as it was fitted."""
+    from dualpace.sim.costs import CPU_BATCH_KNEE, cpu_linear
+
+    assert CPU_BATCH_KNEE == 4
+
+    def truth(b, c):  # 0.3 ms a row to 4 rows, 0.1 ms past them, 0.1 us a context token
+        return 0.0005 + 3e-4 * min(b, 4) + 1e-4 * max(b - 4, 0) + 1e-7 * c
+
+    samples = [{"kind": "cpu", "route": "full-cpu", "seconds": truth(b, c), "attention": 1e-7 * c,
+                "batch": b, "context": c} for b in (1, 2, 3, 4, 6, 9, 13) for c in (200, 4000)]
+    fit = json.loads(json.dumps(fit_step_costs(samples)))["cpu"]["full-cpu"]
+    assert fit["batch"] == pytest.approx(3e-4, rel=1e-3)
+    assert fit["batch_past_knee"] == pytest.approx(1e-4, rel=1e-3)
+    costs = FittedCosts({"gpu": {"overhead": 0.0, **{f: 0.0 for f in GPU_FEATURES}},
+                         "cpu": {"full-cpu": fit}})
+    assert costs.cpu_step(CpuStepWork(12, 5000, "full-cpu")).seconds == pytest.approx(
+        0.0005 + 4 * 3e-4 + 8 * 1e-4 + 5e-4, rel=1e-3)
+    old = {"overhead": 1e-3, "batch": 2e-4, "context": 1e-7}  # no "batch_past_knee"
+    assert cpu_linear(old, 12, 1000) == pytest.approx(1e-3 + 12 * 2e-4 + 1e-4)
 
 
 def test_the_fit_keeps_the_measured_total():
