@@ -1027,6 +1027,11 @@ PLANTS = [
           '+ c.get("batch_past_knee", c["batch"]) * (batch - below)',
           '+ c["batch"] * (batch - below)',
           ("tests/sim/test_simulator.py::test_cpu_rows_are_priced_on_two_slopes",)),
+    Plant("cpu-context-free", "the CPU fit prices context freely instead of as the worker's "
+          "attention timings do", "dualpace/sim/costs.py",
+          '        if att["context"] > 0 and not contention:',
+          "        if False:",
+          ("tests/sim/test_simulator.py::test_cpu_rows_are_priced_on_two_slopes",)),
 ]
 
 

@@ -162,9 +162,10 @@ def test_nnls_and_the_step_cost_fit():
 
 def test_cpu_rows_are_priced_on_two_slopes():
     """A CPU step's rows cost one slope up to CPU_BATCH_KNEE rows and another past it
-    (measured here: a steep one to 3-4 rows, a flat one to 13). Steps made on two slopes are
-    fitted back to them, a 12-row step priced by hand; a profile fitted before the second
-    slope existed prices every row at its one "batch" coefficient, as it was fitted."""
+    (measured here: a steep one to 3-4 rows, a flat one to 13), and its context what the
+    worker's attention timings say a token costs. Steps made so are fitted back, a 12-row
+    step priced by hand; a profile fitted before the second slope existed prices every row
+    at its one "batch" coefficient, as it was fitted."""
     from dualpace.sim.costs import CPU_BATCH_KNEE, cpu_linear
 
     assert CPU_BATCH_KNEE == 4
@@ -183,6 +184,15 @@ def test_cpu_rows_are_priced_on_two_slopes():
         0.0005 + 4 * 3e-4 + 8 * 1e-4 + 5e-4, rel=1e-3)
     old = {"overhead": 1e-3, "batch": 2e-4, "context": 1e-7}  # no "batch_past_knee"
     assert cpu_linear(old, 12, 1000) == pytest.approx(1e-3 + 12 * 2e-4 + 1e-4)
+    # Every row with the same context (rows and context grow together, as in a log): the
+    # context term is the worker's attention timings', the rows take the rest.
+    samples = [{"kind": "cpu", "route": "full-cpu", "seconds": truth(b, 1000 * b),
+                "attention": 1e-5 + 1e-7 * 1000 * b, "batch": b, "context": 1000 * b}
+               for b in (1, 2, 3, 4, 6, 9, 13)]
+    fit = fit_step_costs(samples)["cpu"]["full-cpu"]
+    assert fit["context"] == pytest.approx(1e-7, rel=1e-3)
+    assert fit["batch"] == pytest.approx(3e-4, rel=1e-3)
+    assert fit["batch_past_knee"] == pytest.approx(1e-4, rel=1e-3)
 
 
 def test_the_fit_keeps_the_measured_total():
