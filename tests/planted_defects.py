@@ -1032,6 +1032,12 @@ PLANTS = [
           '        if att["context"] > 0 and not contention:',
           "        if False:",
           ("tests/sim/test_simulator.py::test_cpu_rows_are_priced_on_two_slopes",)),
+    Plant("workload-always-the-trace", "compare_policies names the trace path as its workload "
+          "where it replayed random jobs", "bench/compare_policies.py",
+          '    return args.trace if os.path.exists(args.trace) else "random"',
+          "    return args.trace",
+          ("tests/bench/test_compare_repeat.py::"
+           "test_a_missing_trace_is_said_and_recorded_as_random_jobs",)),
 ]
 
 

@@ -88,6 +88,22 @@ def _gpu_population(st: SchedulerState, plan: GpuPlan) -> list[EngineRequest]:
     return pop
 
 
+def reserve_violation(st: SchedulerState) -> str | None:
+    """Right after a GPU round: the reserve it published (Eq. 4) must cover that of the
+    population it committed, ranked as the next round will rank it (_gpu_population over
+    the queues alone). A larger one there breaks Eq. 2 with no admission at all (as when
+    step 7 appended this round's swap-ins before its admissions). A smaller one is only
+    conservative (a lookahead round, engine/lookahead.py, publishes before a step's
+    finishing requests leave). A description of the shortfall, or None."""
+    if not st.policy.host_tier:
+        return None
+    committed = st.migration_reserve_for(
+        [r for r in _gpu_population(st, GpuPlan()) if not r.finished])
+    if committed <= st.migration_reserve:
+        return None
+    return f"published reserve {st.migration_reserve}, committed population's {committed}"
+
+
 def _admission_growth(st: SchedulerState) -> int:
     """The growth term of Eq. 2 for the GPU round's admissions: the CPU running queue's
     (Eq. 3) plus what an idle CPU tier's blocked head claimed (liveness, see cpu_round)."""

@@ -60,23 +60,6 @@ class SchedulerState:
             return None
         return f"Eq. 2: used {used} + growth {growth} + migration {m} > capacity {cap}"
 
-    def reserve_violation(self) -> str | None:
-        """Right after a GPU round: the reserve it published (Eq. 4) must cover that of the
-        population it committed, in the committed order. The next round recomputes it from
-        the queues, and a larger one there breaks Eq. 2 with no admission at all (as when
-        step 7 appended this round's swap-ins before its admissions). A smaller one is only
-        conservative (a lookahead round, engine/lookahead.py, publishes before a step's
-        finishing requests leave). A description of the shortfall, or None."""
-        if not self.policy.host_tier:
-            return None
-        live = [r for r in self.gpu_running if not r.finished]
-        committed = self.migration_reserve_for(live + [r for r in self.marked()
-                                                       if r not in live])
-        if committed <= self.migration_reserve:
-            return None
-        return (f"published reserve {self.migration_reserve}, committed population's "
-                f"{committed}")
-
     def marked(self) -> list[EngineRequest]:
         """CPU-owned requests marked for a deferred swap-in (A.1 step 6), running ones first."""
         return [r for r in (*self.cpu_running, *self.cpu_waiting)

@@ -260,7 +260,7 @@ def fit_step_costs(samples: list[dict], contention: bool = False) -> dict:
             # context term took cost that belongs to the rows (0.143 us a token against the
             # 0.083 measured); the rest is fitted over the rows alone.
             ctx = att["context"] * np.array([s["context"] for s in rows])
-            coefs, pred, size = fit(rows, CPU_FEATURES[:-1], y - ctx)
+            coefs, pred, size = fit(rows, ("batch", "batch_past_knee"), y - ctx)
             coefs["context"] = att["context"]
             pred, size = pred + ctx, size + ctx
         else:

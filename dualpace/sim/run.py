@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from dualpace.engine.gpu_round import reserve_violation
 from dualpace.engine.llm_engine import EngineDead, LLMEngine
 from dualpace.engine.metrics import histogram_quantile
 from dualpace.sampling.params import SamplingParams
@@ -45,7 +46,7 @@ def _check_round(engine: LLMEngine, kind: str, plan) -> None:
     if violation:
         raise InvariantViolation(f"after a {kind} round: {violation}")
     if kind == "gpu":
-        violation = st.reserve_violation()
+        violation = reserve_violation(st)
         if violation:
             raise InvariantViolation(f"after a gpu round: {violation}")
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dualpace.engine.gpu_round import reserve_violation
 from dualpace.engine.llm_engine import LLMEngine
 from dualpace.engine.request import Phase
 from dualpace.engine.state import Limits
@@ -28,7 +29,7 @@ def check_round(engine: LLMEngine, kind: str, plan) -> None:
     violation = st.eq2_violation()
     assert violation is None, violation
     if kind == "gpu":
-        violation = st.reserve_violation()
+        violation = reserve_violation(st)
         assert violation is None, violation
     if kind == "cpu":
         for r in plan.batch:

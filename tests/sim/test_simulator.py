@@ -319,7 +319,7 @@ def test_a_round_commits_the_gpu_population_in_the_order_it_checked_eq2_with():
     swap-in first, so the next round's reserve, scanned from the tail, took the larger
     admission instead: 8 blocks published, 23 the next round, and Eq. 2 broken with no
     admission at all (used 41 + growth 4 + migration 23 > 60). Every round now also checks
-    that the published reserve is the committed population's (reserve_violation)."""
+    that the published reserve covers the committed population's (gpu_round.reserve_violation)."""
     import random
 
     rng = random.Random(1)
