@@ -3,14 +3,15 @@ FlashInfer: this is the backend for a CUDA box without it, and the one CI can te
 
 - ``paged_decode_attention``: one query row per sequence, split-KV. A program owns one
   (sequence, KV head, split): the GQA group's query heads are one tile (padded to 16 rows so
-  the QK and PV products are tensor-core dots), each KV block of the split is loaded once for
-  the whole group, softmax is online per block, and each split writes its partial output
+  the QK and PV products are tensor-core dots), each key tile of the split (a block, or
+  several whole blocks: at least 16 keys, tl.dot's least inner dimension) is loaded once for
+  the whole group, softmax is online per tile, and each split writes its partial output
   with its log-sum-exp; a second kernel merges the splits. Splits keep the device busy when
   the batch is small and contexts long.
 - ``paged_prefill_attention``: causal attention of each sequence's new rows (a prompt chunk,
   or mixed with decode rows) over its whole cached context, the rows' own KV already written
-  into the pool. A program owns (sequence, query head, BLOCK_M rows) and walks the blocks up
-  to its last row's position.
+  into the pool. A program owns (sequence, query head, BLOCK_M rows) and walks the key tiles
+  up to its last row's position.
 
 Both accumulate in fp32 and accept any head dim (tiles padded to a power of two, masked).
 On CPU tensors they run under Triton's interpreter (``TRITON_INTERPRET=1`` set before this
@@ -23,7 +24,20 @@ import torch
 import triton
 import triton.language as tl
 
-GROUP_TILE = 16  # query heads of one KV head, padded: tl.dot needs >= 16 rows
+GROUP_TILE = 16  # query heads of one KV head, padded to a tensor-core tile's rows
+DOT_K_MIN = 16  # Triton's smallest inner dimension of tl.dot on NVIDIA GPUs (16-bit and fp32)
+
+
+def _token_tile(block_size: int) -> int:
+    """Keys per inner step: the block, or several whole blocks when a block is shorter than
+    the PV product's inner dimension may be (Triton refuses K < 16 when it compiles for a
+    GPU; its interpreter does not check, so CI compiles the kernels for sm_90 as well)."""
+    return max(DOT_K_MIN, triton.next_power_of_2(block_size))
+
+
+def _head_tile(head_dim: int) -> int:
+    """The head dim padded to a power of two and to the QK product's least inner dimension."""
+    return max(DOT_K_MIN, triton.next_power_of_2(head_dim))
 
 
 def _precision(pool: torch.Tensor) -> str:
@@ -48,6 +62,17 @@ def _online_softmax_step(s, v, m_i, l_i, acc, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _kv_offsets(table_row_ptr, pos, ok, kvh, s_kn, s_kh, s_kt, d, BS: tl.constexpr):
+    """Pool offsets [TB, BD] of the tokens at positions ``pos`` of one sequence (its block
+    table row at ``table_row_ptr``) for KV head ``kvh``: a tile spans TB / BS blocks when
+    blocks are smaller than the 16-token tile; positions outside ``ok`` point at block 0's
+    row 0 (their loads are masked)."""
+    blk = tl.load(table_row_ptr + pos // BS, mask=ok, other=0).to(tl.int64)
+    row = tl.where(ok, pos % BS, 0)
+    return blk[:, None] * s_kn + kvh * s_kh + row[:, None] * s_kt + d[None, :]
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, tables_ptr, seq_lens_ptr, part_out_ptr, part_lse_ptr,
     scale, max_blocks, blocks_per_split,
@@ -55,8 +80,8 @@ def _decode_split_kernel(
     s_kn, s_kh, s_kt,  # pool [N, Hkv, bs, D] strides (D contiguous)
     s_ob, s_oh, s_os,  # partial out [B, Hq, S, D]
     s_lb, s_lh,  # partial lse [B, Hq, S]
-    GROUP: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, D: tl.constexpr,
-    BD: tl.constexpr, PRECISION: tl.constexpr,
+    GROUP: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr, TB: tl.constexpr,
+    D: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -67,7 +92,7 @@ def _decode_split_kernel(
 
     g = tl.arange(0, GP)
     d = tl.arange(0, BD)
-    t = tl.arange(0, BS)
+    t = tl.arange(0, TB)
     heads = kvh * GROUP + g
     g_ok = g < GROUP
     d_ok = d < D
@@ -77,15 +102,17 @@ def _decode_split_kernel(
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, BD], tl.float32)
-    for j in range(first, last):
-        blk = tl.load(tables_ptr + b * max_blocks + j).to(tl.int64)
-        base = blk * s_kn + kvh * s_kh
-        kv_mask = d_ok[None, :]
-        k = tl.load(k_ptr + base + t[:, None] * s_kt + d[None, :], mask=kv_mask, other=0.0)
+    end = tl.minimum(last * BS, seq_len)  # this split's tokens: [first * BS, end)
+    for p0 in range(first * BS, end, TB):
+        pos = p0 + t
+        ok = pos < end
+        off = _kv_offsets(tables_ptr + b * max_blocks, pos, ok, kvh, s_kn, s_kh, s_kt, d, BS)
+        kv_mask = ok[:, None] & d_ok[None, :]
+        k = tl.load(k_ptr + off, mask=kv_mask, other=0.0)
         s = tl.dot(q.to(k.dtype), tl.trans(k), input_precision=PRECISION,
-                   out_dtype=tl.float32) * scale  # [GP, BS]
-        s = tl.where((j * BS + t)[None, :] < seq_len, s, float("-inf"))
-        v = tl.load(v_ptr + base + t[:, None] * s_kt + d[None, :], mask=kv_mask, other=0.0)
+                   out_dtype=tl.float32) * scale  # [GP, TB]
+        s = tl.where(ok[None, :], s, float("-inf"))
+        v = tl.load(v_ptr + off, mask=kv_mask, other=0.0)
         m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, PRECISION)
 
     has = last > first
@@ -142,7 +169,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     max_blocks = tables.shape[1]
     splits = splits or num_splits(B, Hkv, max_blocks)
     per_split = -(-max_blocks // splits)
-    bd = triton.next_power_of_2(D)
+    bd = _head_tile(D)
     part_out = torch.empty((B, Hq, splits, D), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((B, Hq, splits), dtype=torch.float32, device=q.device)
     _decode_split_kernel[(B, Hkv, splits)](
@@ -151,7 +178,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
-        GROUP=group, GP=GROUP_TILE, BS=BS, D=D, BD=bd, PRECISION=_precision(k_cache))
+        GROUP=group, GP=GROUP_TILE, BS=BS, TB=_token_tile(BS), D=D, BD=bd,
+        PRECISION=_precision(k_cache))
     out = torch.empty_like(q)
     _decode_merge_kernel[(B, Hq)](
         part_out, part_lse, out,
@@ -166,8 +194,8 @@ def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, q_start_ptr, seq_lens_ptr,
     scale, max_blocks,
     s_qt, s_qh, s_kn, s_kh, s_kt, s_ot, s_oh,
-    GROUP: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, D: tl.constexpr,
-    BD: tl.constexpr, PRECISION: tl.constexpr,
+    GROUP: tl.constexpr, BM: tl.constexpr, BS: tl.constexpr, TB: tl.constexpr,
+    D: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -183,27 +211,25 @@ def _prefill_kernel(
     r_ok = r < qlen
     d = tl.arange(0, BD)
     d_ok = d < D
-    t = tl.arange(0, BS)
+    t = tl.arange(0, TB)
     q = tl.load(q_ptr + (q0 + r)[:, None] * s_qt + h * s_qh + d[None, :],
                 mask=r_ok[:, None] & d_ok[None, :], other=0.0)
     qpos = ctx + r
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BD], tl.float32)
-    # Blocks up to this tile's last row's position (causal), and never past the context.
-    hi = tl.cdiv(tl.minimum(ctx + (mblk + 1) * BM, seq_len), BS)
-    for j in range(0, hi):
-        blk = tl.load(tables_ptr + b * max_blocks + j).to(tl.int64)
-        base = blk * s_kn + kvh * s_kh
-        k = tl.load(k_ptr + base + t[:, None] * s_kt + d[None, :], mask=d_ok[None, :],
-                    other=0.0)
+    # Keys up to this tile's last row's position (causal), and never past the context.
+    end = tl.minimum(ctx + (mblk + 1) * BM, seq_len)
+    for p0 in range(0, end, TB):
+        kpos = p0 + t
+        ok = kpos < end
+        off = _kv_offsets(tables_ptr + b * max_blocks, kpos, ok, kvh, s_kn, s_kh, s_kt, d, BS)
+        kv_mask = ok[:, None] & d_ok[None, :]
+        k = tl.load(k_ptr + off, mask=kv_mask, other=0.0)
         s = tl.dot(q.to(k.dtype), tl.trans(k), input_precision=PRECISION,
-                   out_dtype=tl.float32) * scale  # [BM, BS]
-        kpos = j * BS + t
-        s = tl.where((kpos[None, :] <= qpos[:, None]) & (kpos[None, :] < seq_len), s,
-                     float("-inf"))
-        v = tl.load(v_ptr + base + t[:, None] * s_kt + d[None, :], mask=d_ok[None, :],
-                    other=0.0)
+                   out_dtype=tl.float32) * scale  # [BM, TB]
+        s = tl.where((kpos[None, :] <= qpos[:, None]) & ok[None, :], s, float("-inf"))
+        v = tl.load(v_ptr + off, mask=kv_mask, other=0.0)
         m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, PRECISION)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + (q0 + r)[:, None] * s_ot + h * s_oh + d[None, :],
@@ -236,7 +262,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q, k_cache, v_cache, out, tables, q_start, lens, scale, tables.shape[1],
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), out.stride(1),
-        GROUP=Hq // Hkv, BM=block_m, BS=BS, D=D, BD=triton.next_power_of_2(D),
+        GROUP=Hq // Hkv, BM=block_m, BS=BS, TB=_token_tile(BS), D=D, BD=_head_tile(D),
         PRECISION=_precision(k_cache))
     return out
 

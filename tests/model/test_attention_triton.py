@@ -36,9 +36,10 @@ NUM_BLOCKS = 48
 def _pool(hkv: int, bs: int, d: int, lens: list[int], seed: int, dtype=torch.float32):
     """K/V pools with random contents and a shuffled block table per sequence."""
     g = torch.Generator().manual_seed(seed)
-    k = torch.randn(NUM_BLOCKS, hkv, bs, d, generator=g).to(DEV, dtype)
-    v = torch.randn(NUM_BLOCKS, hkv, bs, d, generator=g).to(DEV, dtype)
-    free = list(range(NUM_BLOCKS))
+    n_blocks = max(NUM_BLOCKS, sum(-(-n // bs) for n in lens) + 8)  # small blocks need more
+    k = torch.randn(n_blocks, hkv, bs, d, generator=g).to(DEV, dtype)
+    v = torch.randn(n_blocks, hkv, bs, d, generator=g).to(DEV, dtype)
+    free = list(range(n_blocks))
     random.Random(seed).shuffle(free)
     width = max(-(-n // bs) for n in lens) + 1  # padded tables, as build_forward_batch's
     tables = torch.zeros(len(lens), width, dtype=torch.int32)
@@ -57,7 +58,7 @@ SHAPES = [  # (query heads, KV heads, head dim): GQA groups 1, 4, 8
 
 
 @pytest.mark.parametrize("hq,hkv,d", SHAPES)
-@pytest.mark.parametrize("bs", [16, 32])
+@pytest.mark.parametrize("bs", [4, 16, 32])  # 4: a key tile spans 4 blocks
 @pytest.mark.parametrize("splits", [1, 3])
 def test_decode_equals_the_reference(hq, hkv, d, bs, splits):
     lens = [1, 37, bs, 150, 2 * bs + 1]  # ragged: one token, exact blocks, long
@@ -70,7 +71,7 @@ def test_decode_equals_the_reference(hq, hkv, d, bs, splits):
 
 
 @pytest.mark.parametrize("hq,hkv,d", SHAPES)
-@pytest.mark.parametrize("bs", [16, 32])
+@pytest.mark.parametrize("bs", [8, 16, 32])  # 8: a key tile spans 2 blocks
 def test_prefill_with_context_and_mixed_rows_equals_the_reference(hq, hkv, d, bs):
     # (new rows, context after them): whole prompts, a chunk after cached context, a
     # decode row, a chunk that ends mid-block; BLOCK_M 16 makes several row tiles.
