@@ -82,6 +82,9 @@ class LLMEngine:
         tests.
         ``on_round(engine, kind, plan)`` is a test hook called after every committed round.
         ``clock`` stamps arrivals, tokens and stalls (tests script it with fake workers)."""
+        if gpu_blocks < 1 or host_blocks < 1:
+            raise ValueError(f"KV pools need blocks: {gpu_blocks} GPU, {host_blocks} host "
+                             "(a CUDA worker's measured GPU pool is settled at start)")
         self.workers = workers
         self.clock = clock
         self.async_scheduling = async_scheduling  # engine/lookahead.py

@@ -52,8 +52,12 @@ class ServingEngine:
         return self.config.max_model_len
 
     async def start(self) -> None:
-        rt, cfg, mc = self.runtime, self.config, self.model_config
+        rt, mc = self.runtime, self.model_config
         await rt.start()
+        # Read after the start: a CUDA worker sizes the GPU pool and the runtime settles it
+        # into a new config object. Read before (as until the first H200 run), the engine got
+        # the 0 of "size it yourself", and on a GPU box every prompt went Prefill-to-CPU.
+        cfg = self.config
         eos = mc.eos_token_ids or ((self.tokenizer.eos_token_id,)
                                    if self.tokenizer.eos_token_id is not None else ())
         limits = Limits(max_num_seqs=cfg.max_num_seqs, gpu_token_limit=cfg.max_num_batched_tokens,

@@ -21,7 +21,9 @@ pytestmark = [pytest.mark.cuda,
                          ids=[f"{p}-{r or 'gpu'}" for p, _, r in CASES])
 def test_policy_outputs_on_cuda_match_transformers(workload, policy, thresholds, route):  # noqa: F811
     path, prompts, expected = workload
-    with LLM(str(path), gpu_device="cuda", dtype="float32", gpu_kv_blocks=16, cpu_kv_gib=0.05,
+    # cpu_dtype too: on a host with AMX the CPU tier's default is bfloat16 (first H200 run)
+    with LLM(str(path), gpu_device="cuda", dtype="float32", cpu_dtype="float32",
+             gpu_kv_blocks=16, cpu_kv_gib=0.05,
              max_num_seqs=16, max_num_batched_tokens=256, policy=policy,
              assist_thresholds=thresholds) as llm:
         m = _generate_exact(llm, prompts, expected)
@@ -35,10 +37,15 @@ def test_policy_outputs_on_cuda_match_transformers(workload, policy, thresholds,
 
 def test_kv_pool_sized_by_the_cuda_worker(workload):  # noqa: F811
     path, prompts, expected = workload
-    with LLM(str(path), gpu_device="cuda", dtype="float32", cpu_kv_gib=0.05,
-             gpu_memory_utilization=0.3) as llm:
+    with LLM(str(path), gpu_device="cuda", dtype="float32", cpu_dtype="float32",
+             cpu_kv_gib=0.05, gpu_memory_utilization=0.3) as llm:
         assert llm._serving.config.gpu_kv_blocks > 16  # measured by the worker, not 0
-        _generate_exact(llm, prompts[:4], expected[:4])
+        # ...and the engine's pool is that size: on the first H200 run it was 0, and every
+        # prompt went Prefill-to-CPU with the GPU idle.
+        assert llm._serving.engine.state.gpu_pool.num_blocks == llm._serving.config.gpu_kv_blocks
+        m = _generate_exact(llm, prompts[:4], expected[:4])
+    assert m.get('dualpace:kv_migrations_total{kind="prefill-to-cpu"}', 0) == 0
+    assert m.get('dualpace:generation_tokens_total{engine="gpu"}', 0) > 0
 
 
 @pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None,

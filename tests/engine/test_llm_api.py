@@ -99,3 +99,40 @@ def test_context_manager_shuts_down(llama_checkpoint):
         llm.generate("a", SamplingParams(max_tokens=2))
     with pytest.raises(RuntimeError, match="shut down"):
         llm.generate("a", SamplingParams(max_tokens=2))
+
+
+def test_the_engine_takes_the_gpu_pool_the_runtime_settled(llama_checkpoint, monkeypatch):
+    """A CUDA worker sizes the GPU pool itself and the runtime settles that size into a new
+    config at start. On the first H200 run the engine had read the config before the start:
+    its GPU pool held 0 blocks and every prompt went Prefill-to-CPU. Here the start settles
+    a size other than the configured one, as a CUDA worker's measurement would, and the
+    engine's pool must be that size (fewer blocks than the worker holds: safe on CPU)."""
+    import msgspec
+
+    from dualpace.runtime.supervisor import Runtime
+
+    real_start = Runtime.start
+
+    async def start_and_settle(self):
+        await real_start(self)
+        self.config = msgspec.structs.replace(self.config,
+                                              gpu_kv_blocks=self.config.gpu_kv_blocks - 3)
+
+    monkeypatch.setattr(Runtime, "start", start_and_settle)
+    with LLM(str(llama_checkpoint[0]), gpu_device="cpu", max_model_len=256,
+             gpu_kv_blocks=40, policy="gpu-only") as llm:
+        assert llm._serving.engine.state.gpu_pool.num_blocks == 37
+        out = llm.generate(["hello"], SamplingParams(temperature=0, max_tokens=4,
+                                                     ignore_eos=True))
+        assert len(out[0].token_ids) == 4
+
+
+def test_an_engine_without_a_gpu_pool_is_refused():
+    from dualpace.engine.llm_engine import LLMEngine
+    from dualpace.engine.state import Limits
+
+    limits = Limits(max_num_seqs=4, gpu_token_limit=64, cpu_batch_limit=4, max_model_len=64,
+                    staging_blocks=8)
+    with pytest.raises(ValueError, match="0 GPU"):
+        LLMEngine(None, gpu_blocks=0, host_blocks=8, block_size=4, limits=limits,
+                  policy="dualpace", vocab_size=10, eos_ids=())
