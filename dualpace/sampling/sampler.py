@@ -48,11 +48,11 @@ def _lsr(x: torch.Tensor, s: int) -> torch.Tensor:
     return (x >> s) & ((1 << (64 - s)) - 1)
 
 
-def exponential_noise(keys: list[int], vocab: int, device) -> torch.Tensor:
-    """[len(keys), vocab] float64 Exp(1) draws: element (r, v) is -log(u) with u the top 53
-    bits of SplitMix64's (v+1)-th output from state ``keys[r]`` (mix(key + (v+1)·γ)), plus
-    half an ulp so u is in (0, 1). Integer ops wrap mod 2^64 on every device, so the bits are
-    the same on CPU and CUDA."""
+def uniform_draws(keys: list[int], vocab: int, device) -> torch.Tensor:
+    """[len(keys), vocab] float64 u in (0, 1): element (r, v) is the top 53 bits of
+    SplitMix64's (v+1)-th output from state ``keys[r]`` (mix(key + (v+1)·γ)), plus half an
+    ulp. Integer ops wrap mod 2^64 on every device and the conversion is exact, so these are
+    the same bits on CPU and CUDA (checked on an H200: tests/cuda)."""
     out = torch.empty((len(keys), vocab), dtype=torch.float64, device=device)
     rows = max(1, _NOISE_CHUNK // max(vocab, 1))
     counter = (torch.arange(vocab, dtype=torch.int64, device=device) + 1) * _GAMMA
@@ -63,9 +63,18 @@ def exponential_noise(keys: list[int], vocab: int, device) -> torch.Tensor:
         z = (z ^ _lsr(z, 30)) * _M1
         z = (z ^ _lsr(z, 27)) * _M2
         z = z ^ _lsr(z, 31)
-        u = (_lsr(z, 11).to(torch.float64) + 0.5) * 2.0 ** -53
-        out[r0:r0 + rows] = -torch.log(u)
+        out[r0:r0 + rows] = (_lsr(z, 11).to(torch.float64) + 0.5) * 2.0 ** -53
     return out
+
+
+def exponential_noise(keys: list[int], vocab: int, device) -> torch.Tensor:
+    """[len(keys), vocab] float64 Exp(1) draws -log(u), u from ``uniform_draws``. The u are
+    the same bits on every device; the log is each device's own float64 log (CUDA's, torch's
+    CPU one, glibc's in the C race), which the first H200 run showed differ in the last bit
+    for some elements. So a seed picks the same token on either tier unless two candidates'
+    ratios p / E lie within an ulp or two of each other, which sampled logits practically
+    never produce (tests/cuda checks the tokens on both devices)."""
+    return -torch.log(uniform_draws(keys, vocab, device))
 
 
 @dataclass(frozen=True)

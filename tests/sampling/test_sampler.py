@@ -172,6 +172,23 @@ def test_noise_chunks_agree_with_one_pass(monkeypatch):
     assert torch.equal(sampler.exponential_noise(keys, 300, "cpu"), whole)
 
 
+def test_a_last_bit_difference_in_the_log_picks_the_same_tokens():
+    """Each device takes its own float64 log of the same draws (CUDA's differed from the
+    CPU's in the last bit on the H200); the race's token must not hang on that bit. Every
+    element of the noise moved an ulp up or down at random, as another log might put it:
+    the same tokens, over peaked to flat distributions of a 128k vocabulary."""
+    g = torch.Generator().manual_seed(3)
+    keys = [step_seed(11, s) for s in range(64)]
+    noise = exponential_noise(keys, 128256, "cpu")
+    away = torch.where(torch.rand(noise.shape, generator=g, dtype=torch.float64) < 0.5,
+                       torch.full_like(noise, math.inf), torch.zeros_like(noise))
+    moved = torch.nextafter(noise, away)
+    assert (moved != noise).all()
+    for scale in (8.0, 3.0, 1.0, 0.3):
+        probs = (torch.randn(len(keys), 128256, generator=g) * scale).softmax(-1).double()
+        assert torch.equal((probs / noise).argmax(-1), (probs / moved).argmax(-1)), scale
+
+
 needs_cext = pytest.mark.skipif(not cpu_kernels.available(), reason="cext not built")
 
 
