@@ -145,6 +145,8 @@ def main() -> int:
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if device.type == "cuda":
+        # set_device wants an index: torch 2.11 refuses a bare "cuda" (seen on the H200)
+        device = torch.device("cuda", device.index or 0)
         torch.cuda.set_device(device)
     cfg = model_config(args.shape)
     weights = random_weights(cfg, dtype, device)
