@@ -352,8 +352,10 @@ PLANTS = [
           "                self.copies.compute_waits(mig_fences[0])",
           ("tests/runtime/test_async_copies.py",)),
     Plant("noise-device-dependent", "seeded noise comes from the device's own generator",
-          "dualpace/sampling/sampler.py", "        out[r0:r0 + rows] = -torch.log(u)",
-          "        out[r0:r0 + rows] = torch.empty_like(u).exponential_()",
+          "dualpace/sampling/sampler.py",
+          "    return -torch.log(uniform_draws(keys, vocab, device))",
+          "    return torch.empty((len(keys), vocab), dtype=torch.float64, device=device)"
+          ".exponential_()",
           ("tests/sampling/test_sampler.py",)),
     Plant("stage-gate-unbounded", "the stage gate lets every stage run ahead of the device",
           "dualpace/runtime/stage_gate.py", "        while len(self._events) > self.depth:",
@@ -369,8 +371,8 @@ PLANTS = [
           '${have% *}"\nelse', ("tests/test_install_torch.py",)),
     Plant("triton-decode-reads-past-the-end", "Triton decode attends one token past each "
           "sequence", "dualpace/model/attention_triton.py",
-          '        s = tl.where((j * BS + t)[None, :] < seq_len, s, float("-inf"))',
-          '        s = tl.where((j * BS + t)[None, :] <= seq_len, s, float("-inf"))',
+          '    end = tl.minimum(last * BS, seq_len)  # this split',
+          '    end = tl.minimum(last * BS, seq_len + 1)  # this split',
           ("tests/model/test_attention_triton.py",)),
     Plant("triton-merge-ignores-lse", "the split merge averages partial outputs unweighted",
           "dualpace/model/attention_triton.py",
@@ -379,9 +381,29 @@ PLANTS = [
           ("tests/model/test_attention_triton.py",)),
     Plant("triton-prefill-not-causal", "Triton prefill lets a row see later rows",
           "dualpace/model/attention_triton.py",
-          "        s = tl.where((kpos[None, :] <= qpos[:, None]) & (kpos[None, :] < seq_len), s,",
-          "        s = tl.where((kpos[None, :] < seq_len), s,",
+          "        s = tl.where((kpos[None, :] <= qpos[:, None]) & ok[None, :], s,",
+          "        s = tl.where(ok[None, :], s,",
           ("tests/model/test_attention_triton.py",)),
+    Plant("triton-key-tile-under-16", "the Triton key tile is one block however short "
+          "(tl.dot's inner dimension under 16: the GPU compiler refuses it, the interpreter "
+          "does not)", "dualpace/model/attention_triton.py",
+          "    return max(DOT_K_MIN, triton.next_power_of_2(block_size))",
+          "    return triton.next_power_of_2(block_size)",
+          ("tests/model/test_triton_compiles_for_cuda.py",)),
+    Plant("triton-tile-reads-its-first-block", "a key tile spanning several blocks reads "
+          "every key's block id as its 16-key span's first", "dualpace/model/attention_triton.py",
+          "    blk = tl.load(table_row_ptr + pos // BS, mask=ok, other=0).to(tl.int64)",
+          "    blk = tl.load(table_row_ptr + (pos - pos % 16) // BS, mask=ok, other=0)"
+          ".to(tl.int64)",
+          ("tests/model/test_attention_triton.py",)),
+    Plant("engine-pool-read-before-start", "the serving engine takes the GPU pool size from "
+          "the config as it was before the runtime settled the CUDA worker's measurement",
+          "dualpace/engine/serving.py",
+          "        rt, mc = self.runtime, self.model_config\n        await rt.start()\n",
+          "        rt, mc = self.runtime, self.model_config\n        cfg0 = self.config\n"
+          "        await rt.start()\n        self.runtime.config = cfg0\n",
+          ("tests/engine/test_llm_api.py::"
+           "test_the_engine_takes_the_gpu_pool_the_runtime_settled",)),
     Plant("worker-ignores-attention-backend", "the GPU worker builds its model with the "
           "default attention whatever was configured", "dualpace/runtime/worker_main.py",
           "                                attention_backend=cfg.attention_backend,\n",
