@@ -83,9 +83,16 @@ static inline int dp_item_block(const int32_t *bt, int t, int t1, int BS, int Hk
  * L1 and came back from L2; a head ahead they land just before their turn. Measured from
  * DRAM on a Zen 5 (32 x 1k tokens, Hkv = 8, D = 128, 2 threads, interleaved A/B): 1.0-1.09x
  * on the AVX-512 item (fp32 KV G = 4 1.09x, G = 8 1.06x), 1.02-1.06x on AVX2's. */
+/* At least DP_PREFETCH_AHEAD bytes ahead, in whole heads: with bf16 KV at head dim 64 a
+ * head's block is 2 KB, and prefetched one head ahead its lines came too late (0.81-0.96x
+ * the block-ahead distance at G = 1-8, same box and harness; 4 KB heads gained as above). */
+#define DP_PREFETCH_AHEAD 4096
 static inline int64_t dp_prefetch_distance(int h, int nh, int64_t head_bytes, int64_t nxt) {
-    if (h + 1 < nh) return head_bytes;
-    return nxt ? nxt - (int64_t)(nh - 1) * head_bytes : 0;
+    const int k = (int)((DP_PREFETCH_AHEAD + head_bytes - 1) / head_bytes);  /* heads ahead */
+    if (h + k < nh) return (int64_t)k * head_bytes;
+    if (!nxt) return 0;
+    const int j = h + k - nh < nh - 1 ? h + k - nh : nh - 1;  /* that head of the next block */
+    return nxt + (int64_t)(j - h) * head_bytes;
 }
 /* An item's online-softmax state for its heads' n query rows, empty: m = -inf, l = 0,
  * acc = 0 (D floats a row). */
