@@ -94,6 +94,17 @@ def frozen_server_env() -> dict[str, str]:
     return env
 
 
+def cpu_model() -> str:
+    """The host CPU's model name from /proc/cpuinfo ("" where there is none): what a
+    benchmark's JSON names its machine by (platform.processor() is empty on Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f
+                         if line.startswith("model name")), "")
+    except OSError:
+        return ""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

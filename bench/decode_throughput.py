@@ -15,10 +15,9 @@ the weight reads, Python, sampling).
 from __future__ import annotations
 
 import argparse
-import platform
 
 import torch
-from common import dram_read_bandwidth, emit, median_time, reference_model_dir
+from common import cpu_model, dram_read_bandwidth, emit, median_time, reference_model_dir
 
 from dualpace.kernels import cpu as cpu_kernels
 from dualpace.kv.block_pool import BlockPool, BlockTable
@@ -146,7 +145,7 @@ def main() -> None:
         "params_m": round(weight_bytes / dtype.itemsize / 1e6, 1), "weight_bytes": weight_bytes,
         "dtype": dtype_name, "native_stages": model.why_native or "yes",
         "threads": threads, "torch_threads": torch.get_num_threads(),
-        "dram_read_gb_per_s": round(bw / 1e9, 1), "cpu": platform.processor() or "?",
+        "dram_read_gb_per_s": round(bw / 1e9, 1), "cpu": cpu_model() or "?",
         "isa": cpu_kernels.resolve_isa(), "prompt_len": args.prompt_len, "steps": args.steps,
         "temperature": args.temperature,
         "results": results,

@@ -48,24 +48,15 @@ def _device() -> dict:
     return info
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f
-                         if line.startswith("model name")), "")
-    except OSError:
-        return ""
-
-
 def _host(cuda: bool) -> dict:
     """The host: CPU model, the C kernels' ISA paths, DRAM read bandwidth by threads and,
     with CUDA, a 1 GiB page-locked copy each way (median of 5)."""
     import torch
-    from common import dram_read_bandwidth
+    from common import cpu_model, dram_read_bandwidth
 
     from dualpace.kernels import cpu
 
-    out = {"cpu_model": _cpu_model(), "cores": len(os.sched_getaffinity(0))}
+    out = {"cpu_model": cpu_model(), "cores": len(os.sched_getaffinity(0))}
     if cpu.available():
         out["isa_paths"] = cpu.supported_isas()
         out["default_isa"] = cpu.resolve_isa(None)

@@ -404,6 +404,25 @@ PLANTS = [
           "        await rt.start()\n        self.runtime.config = cfg0\n",
           ("tests/engine/test_llm_api.py::"
            "test_the_engine_takes_the_gpu_pool_the_runtime_settled",)),
+    Plant("engine-takes-an-empty-pool", "the engine accepts a GPU pool of 0 blocks",
+          "dualpace/engine/llm_engine.py", "        if gpu_blocks < 1 or host_blocks < 1:\n",
+          "        if False:\n",
+          ("tests/engine/test_llm_api.py::test_an_engine_without_a_gpu_pool_is_refused",)),
+    Plant("prompts-always-prefill-to-cpu", "step 5 never admits a prompt to the GPU: every one "
+          "goes Prefill-to-CPU (as with the empty pool the H200 run found)",
+          "dualpace/engine/gpu_round.py",
+          "        if (not to_cpu_mode and b.tokens >= 1 and need <= b.free",
+          "        if (False and b.tokens >= 1 and need <= b.free",
+          ("tests/bench/test_gpu_check.py::test_served_smoke_run_checks_the_tiers_and_the_stream",)),
+    Plant("gpu-check-skips-dram-probe", "gpu_check's host facts measure no DRAM bandwidth",
+          "bench/gpu_check.py",
+          '        threads = sorted({t for t in (1, 4, 8, out["cores"]) if t <= out["cores"]})',
+          "        threads = []",
+          ("tests/bench/test_gpu_check.py::"
+           "test_host_facts_name_the_isa_paths_and_the_bandwidth_by_threads",)),
+    Plant("gpu-check-passes-without-cuda", "gpu_check passes on a box without CUDA",
+          "bench/gpu_check.py", "    ok = cuda\n", "    ok = True\n",
+          ("tests/bench/test_gpu_check.py::test_without_cuda_the_check_fails_and_runs_no_tests",)),
     Plant("worker-ignores-attention-backend", "the GPU worker builds its model with the "
           "default attention whatever was configured", "dualpace/runtime/worker_main.py",
           "                                attention_backend=cfg.attention_backend,\n",
@@ -553,7 +572,9 @@ PLANTS = [
     Plant("race-bound-without-1-u", "the C race skips elements by p <= best, as if E >= 1",
           "cext/sampling.c", "pv <= r.best * (1.0 - u) * (1.0 - 1e-12)",
           "pv <= r.best * (1.0 - 1e-12)",
-          ("tests/sampling/test_sampler.py::test_c_race_picks_the_tensor_races_token",)),
+          ("tests/sampling/test_sampler.py::test_c_race_picks_the_tensor_races_token",
+           "tests/sampling/test_sampler.py::"
+           "test_a_last_bit_difference_in_the_log_picks_the_same_tokens")),
     Plant("race-ignores-nan", "the C race passes over NaN probabilities (torch picks the first)",
           "cext/sampling.c",
           "        if (pv != pv) { r.idx = v; r.nan = 1; return r; }", "",

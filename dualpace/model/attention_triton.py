@@ -65,11 +65,10 @@ def _online_softmax_step(s, v, m_i, l_i, acc, PRECISION: tl.constexpr):
 def _kv_offsets(table_row_ptr, pos, ok, kvh, s_kn, s_kh, s_kt, d, BS: tl.constexpr):
     """Pool offsets [TB, BD] of the tokens at positions ``pos`` of one sequence (its block
     table row at ``table_row_ptr``) for KV head ``kvh``: a tile spans TB / BS blocks when
-    blocks are smaller than the 16-token tile; positions outside ``ok`` point at block 0's
-    row 0 (their loads are masked)."""
+    blocks are smaller than the 16-token tile; positions outside ``ok`` point into block 0
+    (their table entries are not read, their loads are masked)."""
     blk = tl.load(table_row_ptr + pos // BS, mask=ok, other=0).to(tl.int64)
-    row = tl.where(ok, pos % BS, 0)
-    return blk[:, None] * s_kn + kvh * s_kh + row[:, None] * s_kt + d[None, :]
+    return blk[:, None] * s_kn + kvh * s_kh + (pos % BS)[:, None] * s_kt + d[None, :]
 
 
 @triton.jit

@@ -14,6 +14,7 @@ from dualpace.sampling.params import SamplingParams
 from dualpace.sampling.sampler import (
     SamplingRow,
     exponential_noise,
+    exponential_race,
     plain_greedy,
     sample,
     sample_with_logprobs,
@@ -175,8 +176,9 @@ def test_noise_chunks_agree_with_one_pass(monkeypatch):
 def test_a_last_bit_difference_in_the_log_picks_the_same_tokens():
     """Each device takes its own float64 log of the same draws (CUDA's differed from the
     CPU's in the last bit on the H200); the race's token must not hang on that bit. Every
-    element of the noise moved an ulp up or down at random, as another log might put it:
-    the same tokens, over peaked to flat distributions of a 128k vocabulary."""
+    element of the noise moved an ulp up or down at random, as another device's log might
+    put it: the sampler's race here (the C kernel where built) picks the tokens of the
+    moved noise, over peaked to flat distributions of a 128k vocabulary."""
     g = torch.Generator().manual_seed(3)
     keys = [step_seed(11, s) for s in range(64)]
     noise = exponential_noise(keys, 128256, "cpu")
@@ -185,8 +187,9 @@ def test_a_last_bit_difference_in_the_log_picks_the_same_tokens():
     moved = torch.nextafter(noise, away)
     assert (moved != noise).all()
     for scale in (8.0, 3.0, 1.0, 0.3):
-        probs = (torch.randn(len(keys), 128256, generator=g) * scale).softmax(-1).double()
-        assert torch.equal((probs / noise).argmax(-1), (probs / moved).argmax(-1)), scale
+        probs = (torch.randn(len(keys), 128256, generator=g) * scale).softmax(-1)
+        assert torch.equal(exponential_race(probs, keys),
+                           (probs.double() / moved).argmax(-1)), scale
 
 
 needs_cext = pytest.mark.skipif(not cpu_kernels.available(), reason="cext not built")
