@@ -1081,6 +1081,16 @@ PLANTS = [
           "    return args.trace",
           ("tests/bench/test_compare_repeat.py::"
            "test_a_missing_trace_is_said_and_recorded_as_random_jobs",)),
+    Plant("cpu-fit-weighted", "CPU steps are fitted weighted and rescaled, as GPU steps are, "
+          "not to each batch size's mean", "dualpace/sim/costs.py",
+          "            coefs, pred, size = fit(rows, (\"batch\", \"batch_past_knee\"), y - ctx,\n"
+          "                                    weighted=False)",
+          "            coefs, pred, size = fit(rows, (\"batch\", \"batch_past_knee\"), y - ctx,\n"
+          "                                    weighted=True)",
+          ("tests/sim/test_simulator.py::test_cpu_steps_are_priced_at_each_batch_sizes_mean",)),
+    Plant("jitter-span-4", "a jitter bin is split only where its sizes span 4x, so 12-row CPU "
+          "steps draw the 2-row ones' tail", "dualpace/sim/costs.py",
+          "JITTER_SPAN = 2.0", "JITTER_SPAN = 4.0", ("tests/sim/test_jitter.py",)),
 ]
 
 

@@ -70,6 +70,27 @@ def test_a_bin_spanning_decodes_and_prefills_is_split_so_prefills_keep_their_own
     assert few["edges"] == pytest.approx([0.001])
 
 
+def test_a_bin_of_multi_row_decodes_is_split_so_large_batches_keep_their_own_tail():
+    """CPU steps: 1-row decodes (0.7 ms) fill three quantile edges, and the top bin held
+    2-row (1.1 ms, 5% at 3.5x), 3-row (1.4 ms, 5% at 2.9x) and 12-row steps (3.5 ms, 5% at
+    1.8x), a span of 3.2x. Split at 2x (JITTER_SPAN), the 12-row steps draw their own
+    tail, not the short batches' (this box's log, 2026-12-04: one bin from 1.1 to 4 ms put
+    the 2-3-row tail on the CPU tier's large batches, P99 inter-token latency +19-40%)."""
+    def steps(n, size, tail):
+        pred = np.full(n, size)
+        return pred, pred * np.where(np.arange(n) % 20 == 0, tail, 1.0)
+
+    parts = [steps(3000, 7e-4, 4.4), steps(600, 1.1e-3, 3.5), steps(300, 1.4e-3, 2.9),
+             steps(300, 3.5e-3, 1.8)]
+    pred = np.concatenate([p for p, _ in parts])
+    t = jitter_table(np.concatenate([a for _, a in parts]), pred)
+    assert t["edges"] == pytest.approx([7e-4, 1.1e-3, np.sqrt(1.1e-3 * 3.5e-3)])
+    short, large = t["tables"][2], t["tables"][3]
+    assert max(large) == pytest.approx(1.8 / (0.95 + 0.05 * 1.8), abs=1e-3)
+    # 2- and 3-row steps: of 100 quantiles, 95 at 1, 2 at 2.9 and 3 at 3.5
+    assert max(short) == pytest.approx(3.5 / ((95 + 2 * 2.9 + 3 * 3.5) / 100), abs=1e-3)
+
+
 def test_jitter_table_without_enough_steps_is_no_spread():
     assert jitter_table(np.array([0.002] * 5), np.array([0.001] * 5)) == {
         "edges": [], "tables": [[1.0]]}

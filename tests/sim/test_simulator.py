@@ -162,16 +162,16 @@ def test_nnls_and_the_step_cost_fit():
 
 def test_cpu_rows_are_priced_on_two_slopes():
     """A CPU step's rows cost one slope up to CPU_BATCH_KNEE rows and another past it
-    (measured here: a steep one to 3-4 rows, a flat one to 13), and its context what the
+    (measured here: a steep one to 3 rows, a flat one to 13), and its context what the
     worker's attention timings say a token costs. Steps made so are fitted back, a 12-row
     step priced by hand; a profile fitted before the second slope existed prices every row
     at its one "batch" coefficient, as it was fitted."""
     from dualpace.sim.costs import CPU_BATCH_KNEE, cpu_linear
 
-    assert CPU_BATCH_KNEE == 4
+    assert CPU_BATCH_KNEE == 3
 
-    def truth(b, c):  # 0.3 ms a row to 4 rows, 0.1 ms past them, 0.1 us a context token
-        return 0.0005 + 3e-4 * min(b, 4) + 1e-4 * max(b - 4, 0) + 1e-7 * c
+    def truth(b, c):  # 0.3 ms a row to 3 rows, 0.1 ms past them, 0.1 us a context token
+        return 0.0005 + 3e-4 * min(b, 3) + 1e-4 * max(b - 3, 0) + 1e-7 * c
 
     samples = [{"kind": "cpu", "route": "full-cpu", "seconds": truth(b, c), "attention": 1e-7 * c,
                 "batch": b, "context": c} for b in (1, 2, 3, 4, 6, 9, 13) for c in (200, 4000)]
@@ -181,7 +181,7 @@ def test_cpu_rows_are_priced_on_two_slopes():
     costs = FittedCosts({"gpu": {"overhead": 0.0, **{f: 0.0 for f in GPU_FEATURES}},
                          "cpu": {"full-cpu": fit}})
     assert costs.cpu_step(CpuStepWork(12, 5000, "full-cpu")).seconds == pytest.approx(
-        0.0005 + 4 * 3e-4 + 8 * 1e-4 + 5e-4, rel=1e-3)
+        0.0005 + 3 * 3e-4 + 9 * 1e-4 + 5e-4, rel=1e-3)
     old = {"overhead": 1e-3, "batch": 2e-4, "context": 1e-7}  # no "batch_past_knee"
     assert cpu_linear(old, 12, 1000) == pytest.approx(1e-3 + 12 * 2e-4 + 1e-4)
     # Every row with the same context (rows and context grow together, as in a log): the
@@ -193,6 +193,32 @@ def test_cpu_rows_are_priced_on_two_slopes():
     assert fit["context"] == pytest.approx(1e-7, rel=1e-3)
     assert fit["batch"] == pytest.approx(3e-4, rel=1e-3)
     assert fit["batch_past_knee"] == pytest.approx(1e-4, rel=1e-3)
+
+
+def test_cpu_steps_are_priced_at_each_batch_sizes_mean():
+    """CPU steps are fitted by plain least squares: with every batch size's mean on the two
+    slopes, each is priced at its mean, though most steps are 1-row ones whose right tail is
+    the longest (here 5% of them at 4x, of 13-row ones at 1.5x). The weighted fit with its
+    rescale to the total (the GPU's) priced a 1-row step 4% cheap and a 13-row one 5% dear,
+    and the simulated CPU tier fell behind at high load (this box's log, 2026-12-04)."""
+    from dualpace.sim.costs import cpu_linear
+
+    def mean(b):
+        return 0.0005 + 3.3e-4 * min(b, 3) + 1.2e-4 * max(b - 3, 0)
+
+    counts = {1: 2000, 2: 600, 3: 300, **{b: 60 for b in range(4, 14)}}
+    tails = {1: 4.0, 2: 3.0, 3: 2.5}
+    samples = []
+    for b, n in counts.items():
+        tail = tails.get(b, 1.5)
+        body = mean(b) / (0.95 + 0.05 * tail)  # 95% here, 5% at tail x: the mean is mean(b)
+        samples += [{"kind": "cpu", "route": "full-cpu", "batch": b, "context": 400 * b,
+                     "attention": 4e-5 * b,
+                     "seconds": (tail * body if i % 20 == 0 else body) + 4e-5 * b}
+                    for i in range(n)]
+    fit = fit_step_costs(samples)["cpu"]["full-cpu"]
+    for b in counts:
+        assert cpu_linear(fit, b, 400 * b) == pytest.approx(mean(b) + 4e-5 * b, rel=0.01), b
 
 
 def test_the_fit_keeps_the_measured_total():
