@@ -13,7 +13,12 @@ Shape per layer: Hq=32, Hkv=8, head_dim=128 (Llama-3-8B), block size 16.
 
 --grid adds the issue's shape grid at 32 sequences x 1024 tokens (32k KV tokens, Hkv=8):
 GQA groups 1/4/8 x head dims 64/80/96/128 x block sizes 16/32/64, for each dtype, and
-min_fraction_of_dram_bw_grid. Each row says whether the path took bf16 dot products.
+min_fraction_of_dram_bw_grid. Each row says whether the path took bf16 dot products. The
+grid runs --grid-passes times over (default 3) and each row is the pass with its median
+fraction (``fraction_samples``: every pass's): on this shared box a slow spell lasts
+seconds, so three measurements of a row in a row were all low together (bf16 G1 D64 block
+16: 0.25 / 0.25 / 0.27, 0.83-1.03 in other runs), and a single pass put 13-44 of the 72
+rows below 0.70 from one run to the next.
 
 The compute ceiling beside the memory one: ``fma_per_core_per_s`` is the path's vector-FMA
 throughput on one core (cpu.fma_rate), and each row's ``fma_bound_fraction`` the fraction of
@@ -59,6 +64,19 @@ def fma_bound_gb_per_s(group: int, head_dim: int, elem_size: int, lanes: int,
     return 2 * head_dim * elem_size * fma_per_s * threads / fmas / 1e9
 
 
+def median_pass(samples: list[dict]) -> dict:
+    """Of one grid row's passes, the one with the median ``fraction_of_dram_bw`` (the upper
+    median of an even count: a measured row, never an average of two), with every pass's
+    fraction and kernel time in ``fraction_samples`` and ``kernel_ms_samples``, in pass
+    order (a fraction that moves while the time stays is the DRAM bandwidth moving)."""
+    if not samples:
+        raise ValueError("median_pass: no passes")
+    ranked = sorted(samples, key=lambda r: r["fraction_of_dram_bw"])
+    return {**ranked[len(ranked) // 2],
+            "fraction_samples": [r["fraction_of_dram_bw"] for r in samples],
+            "kernel_ms_samples": [r["kernel_ms"] for r in samples]}
+
+
 def paired_times(kernel, stream, repeats: int) -> tuple[list[float], list[float]]:
     """Wall times of kernel() and of stream() run right after it, ``repeats`` pairs. Each
     timed kernel call follows an untimed one: right after a 256 MiB read a call took ~0.25 ms
@@ -89,9 +107,13 @@ def main() -> None:
                          "has; amx runs attention as avx512_bf16 does)")
     ap.add_argument("--grid", action="store_true",
                     help="also the GQA x head-dim x block-size grid at 32k tokens")
+    ap.add_argument("--grid-passes", type=int, default=3,
+                    help="passes over the grid; each row is its median pass")
     ap.add_argument("--ref-max-tokens", type=int, default=131072,
                     help="skip the (slow, memory-hungry) torch reference above B x context")
     args = ap.parse_args()
+    if args.grid_passes < 1:
+        raise SystemExit("cpu_attention: --grid-passes must be at least 1")
     hq, hkv, d, bs = 32, 8, 128, 16
     threads = cpu.num_threads()
     sbuf = torch.ones(256 * 1024 * 1024 // 4)
@@ -138,12 +160,16 @@ def main() -> None:
                 rows.append(measure(b, ctx, hq, hkv, d, bs, dtype, True))
     grid = []
     if args.grid:
-        for dtype in dtypes:
-            for group in (1, 4, 8):
-                for hd in (64, 80, 96, 128):
-                    for gbs in (16, 32, 64):
-                        r = measure(32, 1024, 8 * group, 8, hd, gbs, dtype, False)
-                        grid.append({"group": group, "head_dim": hd, "block_size": gbs, **r})
+        shapes = [(dtype, group, hd, gbs) for dtype in dtypes for group in (1, 4, 8)
+                  for hd in (64, 80, 96, 128) for gbs in (16, 32, 64)]
+        passes: dict[tuple, list[dict]] = {shape: [] for shape in shapes}
+        for _ in range(args.grid_passes):  # whole passes: a row's samples minutes apart
+            for dtype, group, hd, gbs in shapes:
+                passes[(dtype, group, hd, gbs)].append(
+                    measure(32, 1024, 8 * group, 8, hd, gbs, dtype, False))
+        for (_, group, hd, gbs), samples in passes.items():
+            grid.append({"group": group, "head_dim": hd, "block_size": gbs,
+                         **median_pass(samples)})
     big = [r for r in rows if r["tokens"] >= 32768]
     dram = statistics.median(bw_samples)
     for r in rows + grid:

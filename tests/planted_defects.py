@@ -1088,6 +1088,10 @@ PLANTS = [
           "            coefs, pred, size = fit(rows, (\"batch\", \"batch_past_knee\"), y - ctx,\n"
           "                                    weighted=True)",
           ("tests/sim/test_simulator.py::test_cpu_steps_are_priced_at_each_batch_sizes_mean",)),
+    Plant("grid-row-first-pass", "the kernel grid reports each row's first pass, not its "
+          "median one", "bench/cpu_attention.py",
+          "    return {**ranked[len(ranked) // 2],", "    return {**samples[0],",
+          ("tests/bench/test_grid_passes.py",)),
     Plant("jitter-span-4", "a jitter bin is split only where its sizes span 4x, so 12-row CPU "
           "steps draw the 2-row ones' tail", "dualpace/sim/costs.py",
           "JITTER_SPAN = 2.0", "JITTER_SPAN = 4.0", ("tests/sim/test_jitter.py",)),
