@@ -1092,6 +1092,11 @@ PLANTS = [
           "median one", "bench/cpu_attention.py",
           "    return {**ranked[len(ranked) // 2],", "    return {**samples[0],",
           ("tests/bench/test_grid_passes.py",)),
+    Plant("cpu-knee-not-recorded", "a profile fitted at one knee is priced at whatever knee "
+          "the code has now", "dualpace/sim/costs.py",
+          '    below = min(batch, int(c.get("batch_knee", LEGACY_BATCH_KNEE)))',
+          "    below = min(batch, CPU_BATCH_KNEE)",
+          ("tests/sim/test_simulator.py::test_cpu_rows_are_priced_on_two_slopes",)),
     Plant("jitter-span-4", "a jitter bin is split only where its sizes span 4x, so 12-row CPU "
           "steps draw the 2-row ones' tail", "dualpace/sim/costs.py",
           "JITTER_SPAN = 2.0", "JITTER_SPAN = 4.0", ("tests/sim/test_jitter.py",)),

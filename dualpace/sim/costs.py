@@ -49,9 +49,13 @@ GPU_FEATURES = ("prefill_tokens", "decode_rows", "context", "prefill_context", "
 # tier then ran ever larger, slower batches (2x the real P99 inter-token latency at 12-16
 # req/s). With the knee at 3 and plain least squares (fit_step_costs) every batch size from
 # 1 to 11 rows averages within 6% of its fit; at 4, rows 2-3 come out 4-6% cheap and 4 5%
-# dear. A profile without the second slope (format 2 before it) prices every row at
-# "batch", as it was fitted. The context term is the attention fit's (fit_step_costs).
+# dear. Each fitted CPU route records its knee ("batch_knee") and is priced at it: a
+# profile fitted before the knee moved to 3 has "batch_past_knee" without it and was fitted
+# at 4 (LEGACY_BATCH_KNEE); one without the second slope (format 2 before it) prices every
+# row at "batch", as it was fitted. The context term is the attention fit's
+# (fit_step_costs).
 CPU_BATCH_KNEE = 3
+LEGACY_BATCH_KNEE = 4
 CPU_FEATURES = ("batch", "batch_past_knee", "context")
 OVERLAP = "overlap"  # seconds of a step during which the other worker group ran a step
 MAX_LOST = 0.9  # the contention term's ceiling: a step beside the other keeps 10% of its pace
@@ -130,8 +134,10 @@ def _feature(record: dict, name: str) -> float:
 
 def cpu_linear(c: dict, batch: int, context: int) -> float:
     """A CPU fit's seconds for a step of ``batch`` rows over ``context`` tokens: the
-    overhead, the rows on their two slopes (CPU_FEATURES), the context."""
-    below = min(batch, CPU_BATCH_KNEE)
+    overhead, the rows on their two slopes (CPU_FEATURES) split at the knee the fit was made
+    with (``batch_knee``; LEGACY_BATCH_KNEE for profiles written before it was recorded),
+    the context."""
+    below = min(batch, int(c.get("batch_knee", LEGACY_BATCH_KNEE)))
     return (c["overhead"] + c["batch"] * below
             + c.get("batch_past_knee", c["batch"]) * (batch - below) + c["context"] * context)
 
@@ -278,6 +284,7 @@ def fit_step_costs(samples: list[dict], contention: bool = False) -> dict:
             pred, size = pred + ctx, size + ctx
         else:
             coefs, pred, size = fit(rows, CPU_FEATURES, y, weighted=False)
+        att["batch_knee"] = coefs["batch_knee"] = CPU_BATCH_KNEE  # what cpu_linear splits at
         out["cpu"][route] = {**coefs, "attention": att, "samples": len(rows),
                              "jitter": jitter_table(y, pred, size)}
     return out

@@ -184,6 +184,12 @@ def test_cpu_rows_are_priced_on_two_slopes():
         0.0005 + 3 * 3e-4 + 9 * 1e-4 + 5e-4, rel=1e-3)
     old = {"overhead": 1e-3, "batch": 2e-4, "context": 1e-7}  # no "batch_past_knee"
     assert cpu_linear(old, 12, 1000) == pytest.approx(1e-3 + 12 * 2e-4 + 1e-4)
+    # the knee travels with the fit; a profile fitted at 4 rows, before it did, keeps 4
+    assert fit["batch_knee"] == fit["attention"]["batch_knee"] == CPU_BATCH_KNEE
+    at4 = {"overhead": 1e-3, "batch": 3e-4, "batch_past_knee": 1e-4, "context": 0.0}
+    assert cpu_linear(at4, 12, 0) == pytest.approx(1e-3 + 4 * 3e-4 + 8 * 1e-4)
+    assert cpu_linear({**at4, "batch_knee": 3}, 12, 0) == pytest.approx(
+        1e-3 + 3 * 3e-4 + 9 * 1e-4)
     # Every row with the same context (rows and context grow together, as in a log): the
     # context term is the worker's attention timings', the rows take the rest.
     samples = [{"kind": "cpu", "route": "full-cpu", "seconds": truth(b, 1000 * b),
