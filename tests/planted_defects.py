@@ -1097,6 +1097,12 @@ PLANTS = [
           '    below = min(batch, int(c.get("batch_knee", LEGACY_BATCH_KNEE)))',
           "    below = min(batch, CPU_BATCH_KNEE)",
           ("tests/sim/test_simulator.py::test_cpu_rows_are_priced_on_two_slopes",)),
+    Plant("cpu-contended-fit-weighted", "with the contention term, CPU steps are fitted "
+          "weighted again", "dualpace/sim/costs.py",
+          "        coef, c = fit_contended(x, y, frac, weighted)",
+          "        coef, c = fit_contended(x, y, frac)",
+          ("tests/sim/test_contention.py::"
+           "test_contended_cpu_steps_are_priced_at_each_batch_sizes_mean",)),
     Plant("jitter-span-4", "a jitter bin is split only where its sizes span 4x, so 12-row CPU "
           "steps draw the 2-row ones' tail", "dualpace/sim/costs.py",
           "JITTER_SPAN = 2.0", "JITTER_SPAN = 4.0", ("tests/sim/test_jitter.py",)),

@@ -165,14 +165,16 @@ def _weighted_sse(x: np.ndarray, y: np.ndarray, coef: np.ndarray) -> float:
     return float(((yw - xw @ coef) ** 2).sum())
 
 
-def fit_contended(x: np.ndarray, y: np.ndarray, frac: np.ndarray) -> tuple[np.ndarray, float]:
+def fit_contended(x: np.ndarray, y: np.ndarray, frac: np.ndarray,
+                  weighted: bool = True) -> tuple[np.ndarray, float]:
     """(coefficients of W, c) for ``y = (x @ coef) / (1 - c frac)``: a step that spent the
     share ``frac`` of its time beside the other group's steps at 1/s of its pace, W its time
     alone, took ``T`` with ``W = T (1 - frac) + T frac / s``, i.e. ``T = W / (1 - c frac)``,
     ``c = 1 - 1/s`` the fraction of pace lost. For a given c the model is linear in W's
     coefficients (``fit_total_preserving`` on the features stretched by 1 / (1 - c frac));
     c is the one of least weighted error, over a grid of 0.05 and then a golden-section
-    search around its best point.
+    search around its best point. ``weighted=False``: plain least squares (``nnls``) and
+    plain squared error instead, as CPU steps are fitted (fit_step_costs).
 
     Why not ``T = W + c x overlap``, linear in the overlap seconds: a step that runs long
     for any reason (an interrupt, a stolen core) overlaps the other group for longer, so the
@@ -182,6 +184,9 @@ def fit_contended(x: np.ndarray, y: np.ndarray, frac: np.ndarray) -> tuple[np.nd
     one."""
     def fit(c: float) -> tuple[float, np.ndarray]:
         xs = x / (1.0 - c * frac)[:, None]
+        if not weighted:
+            coef = nnls(xs, y)
+            return float(((y - xs @ coef) ** 2).sum()), coef
         coef = fit_total_preserving(xs, y)
         return _weighted_sse(xs, y, coef), coef
 
@@ -231,13 +236,14 @@ def fit_step_costs(samples: list[dict], contention: bool = False) -> dict:
             ) -> tuple[dict, np.ndarray, np.ndarray]:
         """Coefficients by name, each row's prediction, and its prediction alone (what the
         simulated workers price a step by, and so what its jitter is looked up by).
-        ``weighted``: ``fit_total_preserving``; else plain least squares (``nnls``)."""
+        ``weighted``: ``fit_total_preserving``; else plain least squares (``nnls``), with
+        or without the contention term."""
         x = np.array([[1.0, *(_feature(s, f) for f in features)] for s in rows])
         if not contended:
             coef = fit_total_preserving(x, y) if weighted else nnls(x, y)
             return dict(zip(("overhead", *features), coef.tolist())), x @ coef, x @ coef
         frac = np.array([overlap_fraction(s) for s in rows])
-        coef, c = fit_contended(x, y, frac)
+        coef, c = fit_contended(x, y, frac, weighted)
         return ({**dict(zip(("overhead", *features), coef.tolist())), OVERLAP: c},
                 (x @ coef) / (1.0 - c * frac), x @ coef)
 
