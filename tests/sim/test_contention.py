@@ -24,6 +24,8 @@ from dualpace.sim.costs import (
 from dualpace.sim.loop import run_virtual
 from dualpace.sim.workers import SimWorkers
 
+from .tailed_cpu_log import COUNTS, mean_seconds, tailed_steps
+
 
 class _Clock:
     def __init__(self):
@@ -266,21 +268,11 @@ def test_contended_cpu_steps_are_priced_at_each_batch_sizes_mean():
     size's time alone at its mean though the 1-row steps' right tail is the longest (as
     test_simulator's uncontended case; weighted, 1 row came out cheap and 13 rows dear)."""
     rng = random.Random(1)
-
-    def mean(b):
-        return 0.0005 + 3.3e-4 * min(b, 3) + 1.2e-4 * max(b - 3, 0)
-
-    counts = {1: 2000, 2: 600, 3: 300, **{b: 60 for b in range(4, 14)}}
-    tails = {1: 4.0, 2: 3.0, 3: 2.5}
     log = []
-    for b, n in counts.items():
-        tail = tails.get(b, 1.5)
-        body = mean(b) / (0.95 + 0.05 * tail)  # 95% here, 5% at tail x: the mean is mean(b)
-        for i in range(n):
-            w = tail * body if i % 20 == 0 else body
-            part = rng.choice([0.0, rng.uniform(0, w)])  # beside the GPU at half its pace
-            log.append(_cpu_rec(b, part * 2.0, w + part))
+    for b, w in tailed_steps():
+        part = rng.choice([0.0, rng.uniform(0, w)])  # beside the GPU at half its pace
+        log.append(_cpu_rec(b, part * 2.0, w + part))
     fit = fit_step_costs(log, contention=True)["cpu"]["full-cpu"]
     assert fit[OVERLAP] == pytest.approx(0.5, abs=0.01)  # pace lost c = 1 - 1/s, s = 2
-    for b in counts:
-        assert cpu_linear(fit, b, 0) == pytest.approx(mean(b), rel=0.015), b
+    for b in COUNTS:
+        assert cpu_linear(fit, b, 0) == pytest.approx(mean_seconds(b), rel=0.015), b

@@ -24,6 +24,8 @@ from dualpace.sim.setup import SimSetup, load_shape, setup_from_hardware
 from dualpace.sim.shape import ModelShape
 from dualpace.workload import Job
 
+from .tailed_cpu_log import COUNTS, mean_seconds, tailed_steps
+
 # --- the virtual clock ------------------------------------------------------------------------
 
 
@@ -208,23 +210,12 @@ def test_cpu_steps_are_priced_at_each_batch_sizes_mean():
     rescale to the total (the GPU's) priced a 1-row step 4% cheap and a 13-row one 5% dear,
     and the simulated CPU tier fell behind at high load (this box's log, 2026-12-04)."""
     from dualpace.sim.costs import cpu_linear
-
-    def mean(b):
-        return 0.0005 + 3.3e-4 * min(b, 3) + 1.2e-4 * max(b - 3, 0)
-
-    counts = {1: 2000, 2: 600, 3: 300, **{b: 60 for b in range(4, 14)}}
-    tails = {1: 4.0, 2: 3.0, 3: 2.5}
-    samples = []
-    for b, n in counts.items():
-        tail = tails.get(b, 1.5)
-        body = mean(b) / (0.95 + 0.05 * tail)  # 95% here, 5% at tail x: the mean is mean(b)
-        samples += [{"kind": "cpu", "route": "full-cpu", "batch": b, "context": 400 * b,
-                     "attention": 4e-5 * b,
-                     "seconds": (tail * body if i % 20 == 0 else body) + 4e-5 * b}
-                    for i in range(n)]
+    samples = [{"kind": "cpu", "route": "full-cpu", "batch": b, "context": 400 * b,
+                "attention": 4e-5 * b, "seconds": w + 4e-5 * b} for b, w in tailed_steps()]
     fit = fit_step_costs(samples)["cpu"]["full-cpu"]
-    for b in counts:
-        assert cpu_linear(fit, b, 400 * b) == pytest.approx(mean(b) + 4e-5 * b, rel=0.01), b
+    for b in COUNTS:
+        assert cpu_linear(fit, b, 400 * b) == pytest.approx(
+            mean_seconds(b) + 4e-5 * b, rel=0.01), b
 
 
 def test_the_fit_keeps_the_measured_total():
