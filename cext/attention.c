@@ -140,8 +140,25 @@ int dp_paged_decode_attention(
     return j.oom ? -5 : 0;
 }
 
+int dp_bf16_dot_on = 1;
+
+void dp_set_bf16_dot(int on) { __atomic_store_n(&dp_bf16_dot_on, on != 0, __ATOMIC_RELAXED); }
+
+int dp_get_bf16_dot(void) { return __atomic_load_n(&dp_bf16_dot_on, __ATOMIC_RELAXED); }
+
 int dp_attn_bf16_dot(int q_dtype, int kv_dtype, int G, int D) {
     return dp_bf16_dot_applies(q_dtype, kv_dtype, G, D);
+}
+
+double dp_bf16_dot_chains(int64_t iters);
+
+/* vdpbf16ps instructions of DP_FMA_CHAINS independent chains (attention_avx512bf16.c), as
+ * dp_fma_probe counts FMAs; -1 where the CPU has no AVX512_BF16. */
+int64_t dp_bf16_dot_probe(int64_t iters, double *sink) {
+    if (iters <= 0 || !sink) return -2;
+    if (!(dp_cpu_features() & DP_FEAT_AVX512_BF16)) return -1;
+    *sink = dp_bf16_dot_chains(iters);
+    return iters * DP_FMA_CHAINS;
 }
 
 double dp_fma_chains_avx2(int64_t iters);

@@ -18,7 +18,9 @@
  * every K and V chunk; this one 64 dot products. Measured on a Zen 5 from DRAM (32 x 1k
  * tokens, 2 threads, against the AVX-512 item, head dims 64/96/128 x blocks 16/64, two
  * runs): G = 8 1.12-1.31x (one 0.97), G = 4 0.89-1.17x, G = 2 0.90-1.10x, G = 1 0.9x; so it
- * takes groups of 8 or more, where the FMA route is compute-bound.
+ * takes groups of 8 or more, where the FMA route is compute-bound, on a CPU whose dot
+ * products issue at 0.75 of its FMA rate or more (dp_set_bf16_dot from the Python probe;
+ * an Intel Xeon with AMX measured 0.25 and the route 0.75-0.90x the FMA route there).
  * An fp32 q (the serving case: fp32 activations over bf16 KV) would need q and the
  * probabilities in two bf16 parts each (hi + lo) to keep fp32 precision; twice the dot
  * products measured 0.97-1.09x at G = 2-8, so it takes the AVX-512 item.
@@ -270,3 +272,17 @@ void dp_attn_item_avx512bf16(const dp_attn_args *a, int b, int h0, int h1, int t
     }
 }
 #undef DP_CASE
+
+/* The throughput probe of the bf16 dot product (dp_bf16_dot_probe): DP_FMA_CHAINS
+ * independent chains, as fma_probe_body.h's FMAs. */
+double dp_bf16_dot_chains(int64_t iters) {
+    VEC a[DP_FMA_CHAINS];
+    for (int j = 0; j < DP_FMA_CHAINS; j++) a[j] = vset1(0.001f * (float)j);
+    const __m512bh b = (__m512bh)_mm512_set1_epi32(0x3F7F3F7F);  /* bf16 pairs of ~0.996 */
+    const __m512bh c = (__m512bh)_mm512_set1_epi32(0x38D138D1);  /* ~1e-4 */
+    for (int64_t i = 0; i < iters; i++)
+        for (int j = 0; j < DP_FMA_CHAINS; j++) a[j] = _mm512_dpbf16_ps(a[j], b, c);
+    VEC s = a[0];
+    for (int j = 1; j < DP_FMA_CHAINS; j++) s = vadd(s, a[j]);
+    return _mm512_reduce_add_ps(s);
+}

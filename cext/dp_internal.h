@@ -114,8 +114,12 @@ static inline void dp_item_reset(float *m, float *l, float *acc, int n, int D) {
  * measured faster): bf16 q and KV, GQA groups of 8 or more, whole 32-element chunks of the
  * head dim. */
 #define DP_BF16_DOT_CHUNK 32
+/* Whether this CPU's bf16 dot products pay (dp_set_bf16_dot, set once at load from a
+ * throughput probe: dualpace/kernels/cpu.py bf16_dot_pays): 1 until then. */
+extern int dp_bf16_dot_on;
 static inline int dp_bf16_dot_applies(int q_dtype, int kv_dtype, int G, int D) {
-    return q_dtype == DP_BF16 && kv_dtype == DP_BF16 && G >= 8 && D % DP_BF16_DOT_CHUNK == 0;
+    return __atomic_load_n(&dp_bf16_dot_on, __ATOMIC_RELAXED)
+        && q_dtype == DP_BF16 && kv_dtype == DP_BF16 && G >= 8 && D % DP_BF16_DOT_CHUNK == 0;
 }
 
 /* The ISA whose bodies run the dense stages on a path: their activations are fp32, which

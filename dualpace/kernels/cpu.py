@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from dualpace.kernels import _lib
 from dualpace.kernels._lib import require
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -199,7 +200,7 @@ def attention_uses_bf16_dot(q_dtype: torch.dtype, kv_dtype: torch.dtype, group: 
     """Whether ``paged_decode_attention`` on the ISA path ``isa`` (resolved as there) takes
     bf16 dot products for these dtypes and shape (the AVX512_BF16 path, where they measured
     faster than the fp32 route: bf16 q and KV, GQA groups of 8 or more, head dims a multiple
-    of 32; cext/attention_avx512bf16.c)."""
+    of 32, and a CPU whose dot products pay, set_bf16_dot; cext/attention_avx512bf16.c)."""
     _, lib = require()
     if resolve_isa(isa) not in ("avx512_bf16", "amx") or q_dtype not in DTYPE_CODES \
             or kv_dtype not in DTYPE_CODES:
@@ -272,6 +273,25 @@ def stream_read(buf: torch.Tensor, threads: int | None = None) -> float:
                               threads or num_threads())
 
 
+def _probe_rate(run, seconds: float, repeats: int) -> float:
+    """Instructions per second of ``run(iters)`` (which returns how many it issued): a trial
+    grown until it is long enough to time, scaled to about ``seconds``, best of ``repeats``."""
+    iters = 1 << 14
+    while True:
+        t0 = time.perf_counter()
+        run(iters)
+        dt = time.perf_counter() - t0
+        if dt >= 1e-3:
+            break
+        iters *= 4
+    iters, best = max(1, int(iters * seconds / dt)), 0.0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        n = run(iters)
+        best = max(best, n / (time.perf_counter() - t0))
+    return best
+
+
 def fma_rate(isa: str | None = None, seconds: float = 0.05, repeats: int = 3
              ) -> tuple[float, int]:
     """(vector FMA instructions per second on the calling thread's core, their lanes): the
@@ -282,20 +302,61 @@ def fma_rate(isa: str | None = None, seconds: float = 0.05, repeats: int = 3
     lanes, sink = ffi.new("int *"), ffi.new("double *")
     if lib.dp_fma_probe(code, 1, lanes, sink) < 0:
         raise ValueError(f"isa: {resolve_isa(isa)!r} has no vector FMAs to measure")
-    iters = 1 << 14
-    while True:  # grow a trial run until it is long enough to time, then scale to ``seconds``
-        t0 = time.perf_counter()
-        lib.dp_fma_probe(code, iters, lanes, sink)
-        dt = time.perf_counter() - t0
-        if dt >= 1e-3:
-            break
-        iters *= 4
-    iters, best = max(1, int(iters * seconds / dt)), 0.0
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        n = lib.dp_fma_probe(code, iters, lanes, sink)
-        best = max(best, n / (time.perf_counter() - t0))
-    return best, lanes[0]
+    return _probe_rate(lambda n: lib.dp_fma_probe(code, n, lanes, sink), seconds,
+                       repeats), lanes[0]
+
+
+def bf16_dot_rate(seconds: float = 0.05, repeats: int = 3) -> float:
+    """512-bit bf16 dot-product instructions (vdpbf16ps, 32 products each) per second on the
+    calling thread's core. ValueError where the CPU has no AVX512_BF16."""
+    ffi, lib = require()
+    sink = ffi.new("double *")
+    if lib.dp_bf16_dot_probe(1, sink) < 0:
+        raise ValueError("bf16_dot_rate: this CPU has no AVX512_BF16")
+    return _probe_rate(lambda n: lib.dp_bf16_dot_probe(n, sink), seconds, repeats)
+
+
+# The bf16-dot route of decode attention (cext/attention_avx512bf16.c) halves the
+# instructions of the FMA route only where vdpbf16ps issues about as fast as a 512-bit FMA.
+# Measured at GQA 8 from DRAM against the FMA route: a Zen 5 (dot products at the FMA rate)
+# 1.05-1.31x faster; an Intel Xeon with AMX (2-core VM, 2026-12-05) 0.75-0.90x, where the
+# probe measured 1.9 G dot products a second against 7.7 G FMAs (0.25): fewer products a
+# cycle than the FMAs, plus the probabilities' conversion. The route is taken where the
+# probe's ratio is at least this, halfway between the two kinds of core.
+BF16_DOT_MIN_RATIO = 0.75
+
+
+def bf16_dot_pays(dot_per_s: float, fma_per_s: float) -> bool:
+    """Whether bf16 dot products at ``dot_per_s`` instructions a second pay against 512-bit
+    FMAs at ``fma_per_s``: dot_per_s >= BF16_DOT_MIN_RATIO * fma_per_s."""
+    if dot_per_s < 0 or fma_per_s <= 0:
+        raise ValueError(f"bf16_dot_pays: rates must be positive, got {dot_per_s}, {fma_per_s}")
+    return dot_per_s >= BF16_DOT_MIN_RATIO * fma_per_s
+
+
+def bf16_dot_enabled() -> bool:
+    """Whether this process's switch for the bf16-dot route is on (set_bf16_dot)."""
+    return bool(require()[1].dp_get_bf16_dot())
+
+
+def set_bf16_dot(enabled: bool | None = None) -> bool:
+    """Turn decode attention's bf16-dot route on or off for this process (and the workers it
+    forks afterwards); returns the state. None: DUALPACE_BF16_DOT ("0" or "1") where set,
+    else the probes (bf16_dot_pays on this core's measured rates, ~30 ms). Where the CPU has
+    no AVX512_BF16 the route is never taken, whatever this says."""
+    _, lib = require()
+    if enabled is None:
+        env = os.environ.get("DUALPACE_BF16_DOT")
+        if env is not None and env not in ("0", "1"):
+            raise ValueError(f"DUALPACE_BF16_DOT: expected 0 or 1, got {env!r}")
+        if env is not None:
+            enabled = env == "1"
+        elif not cpu_features()["avx512_bf16"]:
+            enabled = False
+        else:
+            enabled = bf16_dot_pays(bf16_dot_rate(0.005), fma_rate("avx512", 0.005)[0])
+    lib.dp_set_bf16_dot(int(bool(enabled)))
+    return bool(enabled)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -469,3 +530,7 @@ def exponential_race(probs: torch.Tensor, keys: list[int]) -> torch.Tensor:
     if rc != 0:
         raise MemoryError("exponential_race: out of memory")
     return out
+
+
+if _lib.lib is not None:  # the route for this process, decided once at import
+    set_bf16_dot()

@@ -28,6 +28,17 @@ def isa_param(name: str):
 ISA_PARAMS = [isa_param(n) for n in ALL_ISAS]
 
 
+@pytest.fixture(autouse=True)
+def bf16_dot_route_on():
+    """Every test here runs with the bf16-dot route on, so that an AVX512_BF16 CPU whose
+    probe turned it off (cpu.set_bf16_dot) still checks it; the probed state comes back
+    after."""
+    probed = cpu.bf16_dot_enabled()
+    cpu.set_bf16_dot(True)
+    yield
+    cpu.set_bf16_dot(probed)
+
+
 def make_case(seed, lens, hkv, group, head_dim, block_size, dtype, extra_blocks=3):
     g = torch.Generator().manual_seed(seed)
     per_seq = [-(-n // block_size) for n in lens]
@@ -170,6 +181,48 @@ def test_bf16_dot_products_where_they_apply():
     assert not cpu.attention_uses_bf16_dot(f32, bf, 8, 128, isa=isa)
     assert not cpu.attention_uses_bf16_dot(f32, f32, 8, 128, isa=isa)
     assert not cpu.attention_uses_bf16_dot(bf, bf, 8, 128, isa="avx512")
+    assert not cpu.set_bf16_dot(False)  # a CPU whose dot products do not pay
+    assert not cpu.bf16_dot_enabled()
+    assert not cpu.attention_uses_bf16_dot(bf, bf, 8, 128, isa=isa)
+
+
+def test_bf16_dot_pays_at_three_quarters_of_the_fma_rate():
+    """bf16_dot_pays: dot_per_s >= BF16_DOT_MIN_RATIO * fma_per_s, its literal cases."""
+    assert cpu.BF16_DOT_MIN_RATIO == 0.75
+    assert cpu.bf16_dot_pays(1.0e9, 1.0e9)       # Zen 4/5: as fast as an FMA
+    assert cpu.bf16_dot_pays(0.75e9, 1.0e9)      # the boundary itself
+    assert not cpu.bf16_dot_pays(0.74e9, 1.0e9)
+    assert not cpu.bf16_dot_pays(0.25e9, 1.0e9)  # the Intel Xeon measured here
+    with pytest.raises(ValueError, match="positive"):
+        cpu.bf16_dot_pays(1.0e9, 0.0)
+
+
+def test_the_route_follows_dualpace_bf16_dot(monkeypatch):
+    """DUALPACE_BF16_DOT=0/1 overrides the probe; anything else is a clear error that
+    leaves the route as it was."""
+    bf = torch.bfloat16
+    isa = "avx512_bf16" if "avx512_bf16" in SUPPORTED else None
+    monkeypatch.setenv("DUALPACE_BF16_DOT", "0")
+    assert not cpu.set_bf16_dot()
+    monkeypatch.setenv("DUALPACE_BF16_DOT", "1")
+    assert cpu.set_bf16_dot()
+    if isa:
+        assert cpu.attention_uses_bf16_dot(bf, bf, 8, 128, isa=isa)
+    monkeypatch.setenv("DUALPACE_BF16_DOT", "yes")
+    with pytest.raises(ValueError, match="DUALPACE_BF16_DOT"):
+        cpu.set_bf16_dot()
+    if isa:
+        assert cpu.attention_uses_bf16_dot(bf, bf, 8, 128, isa=isa)
+
+
+def test_bf16_dot_probe_measures_a_rate():
+    """The probe counts real instructions: a positive rate where the CPU has AVX512_BF16,
+    a clear error where it has not."""
+    if "avx512_bf16" not in SUPPORTED:
+        with pytest.raises(ValueError, match="AVX512_BF16"):
+            cpu.bf16_dot_rate(0.001)
+        return
+    assert cpu.bf16_dot_rate(0.001, 1) > 1e6
 
 
 @pytest.mark.parametrize("isa", ISA_PARAMS)
