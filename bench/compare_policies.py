@@ -92,6 +92,12 @@ def step_log(policy: str, out) -> Path:
     return Path(out) / f"steps-{policy}.jsonl"
 
 
+def client_log(policy: str, out) -> Path:
+    """Where ``policy``'s client times go in the sweep directory ``out`` (what the
+    simulator's delivery model is fitted to, with the step log's request records)."""
+    return Path(out) / f"clients-{policy}.json"
+
+
 def start_server(model: str, policy: str, args) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "dualpace", "serve", "--model", model, "--port", str(port),
@@ -116,12 +122,15 @@ def loadgen_args(url: str, seed: int) -> argparse.Namespace:
 
 def run_policy(model: str, policy: str, jobs, args) -> list[dict]:
     proc, url = start_server(model, policy, args)
-    runs = []
+    runs, clients = [], []
     before = scrape_metrics(url)  # also opens the first longest-stall window
     try:
         for rate in args.rates:
             cpu0, t0 = host_cpu_times(), time.monotonic()
-            run = asyncio.run(loadgen.run_rate(loadgen_args(url, args.seed), jobs, rate))
+            kept: list = []
+            run = asyncio.run(loadgen.run_rate(loadgen_args(url, args.seed), jobs, rate, kept))
+            clients += [{"start": r.start, "input_len": r.input_len, "ttft": r.ttft,
+                         "itl": r.itl, "ok": r.ok} for r in kept]
             run["host_steal_fraction"] = steal_fraction(cpu0, host_cpu_times())
             run["window"] = [round(t0, 4), round(time.monotonic(), 4)]  # the step logs' clock
             m = scrape_metrics(url)  # closes this rate's longest-stall window
@@ -142,6 +151,8 @@ def run_policy(model: str, policy: str, jobs, args) -> list[dict]:
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+        if hasattr(args, "simulate"):
+            client_log(policy, args.out).write_text(json.dumps(clients))
     return runs
 
 
@@ -197,6 +208,7 @@ def simulate_policy(model: str, policy: str, jobs, args, profile: dict,
     """The same sweep on the virtual clock: the server's engine shape, the same offsets."""
     from dualpace.cli import build_parser
     from dualpace.sim.costs import profile_costs
+    from dualpace.sim.delivery import policy_delivery
     from dualpace.sim.run import simulate
     from dualpace.sim.setup import setup_from_config
 
@@ -208,7 +220,8 @@ def simulate_policy(model: str, policy: str, jobs, args, profile: dict,
     costs = profile_costs(profile, policy, contended=args.contention)
     runs = []
     for rate in args.rates:
-        run = simulate(setup, costs, policy, jobs, rate, args.seed, jitter_seed=jitter_seed)
+        run = simulate(setup, costs, policy, jobs, rate, args.seed, jitter_seed=jitter_seed,
+                       delivery=None if args.no_delivery else policy_delivery(profile, policy))
         print(f"{policy} rate {rate} (simulated): norm "
               f"{run['mean_normalized_latency_s']:.3f} s/tok, p99 itl {run['p99_itl_ms']:.0f} "
               f"ms, p99 ttft {run['p99_ttft_ms']:.0f} ms", file=sys.stderr)
@@ -315,6 +328,22 @@ def _quiet_steps(records: list[dict], runs: list[dict], max_steal: float, log: P
     return [s for s in records if any(a <= s["t"] <= b for a, b in windows)]
 
 
+def _fit_deliveries(served: dict[str, list], clients: dict[str, list]) -> dict:
+    """The profile's delivery sections: pooled over the policies (``delivery``, the
+    fallback) and each policy's own (``delivery_by_policy``); none from logs written before
+    the engine recorded requests, or without the client's times."""
+    from dualpace.sim.delivery import fit_delivery, join
+
+    both = [p for p in served if served[p] and clients.get(p)]
+    if not both:
+        return {}
+    out = {"delivery": fit_delivery([r for p in both for r in served[p]],
+                                    [c for p in both for c in clients[p]])}
+    out["delivery_by_policy"] = {p: fit_delivery(served[p], clients[p]) for p in both
+                                 if join(served[p], clients[p])}
+    return out
+
+
 def fit_measured_profile(policies, args, sweeps: list[tuple[Path, dict]]) -> Path:
     """The step costs of every policy's server, fitted together over ``sweeps`` (each: the
     directory with its step logs and that sweep's runs by policy): --out/profile-measured.json.
@@ -326,12 +355,17 @@ def fit_measured_profile(policies, args, sweeps: list[tuple[Path, dict]]) -> Pat
     from dualpace.sim.costs import OVERLAP, fit_step_costs
 
     max_steal = getattr(args, "max_steal", None)
-    by_policy = {}
+    by_policy: dict[str, list] = {}
+    served: dict[str, list] = {}  # each policy's engine request records ...
+    clients: dict[str, list] = {}  # ... and the client's times of the same requests
     for p in policies:
         for d, runs in sweeps:
             log = step_log(p, d)
             if log.exists():
                 records = [json.loads(line) for line in log.read_text().splitlines() if line]
+                served.setdefault(p, []).extend(r for r in records if r["kind"] == "request")
+                if client_log(p, d).exists():
+                    clients.setdefault(p, []).extend(json.loads(client_log(p, d).read_text()))
                 if max_steal is not None:
                     records = _quiet_steps(records, runs.get(p, []), max_steal, log)
                 by_policy.setdefault(p, []).extend(records)
@@ -346,6 +380,7 @@ def fit_measured_profile(policies, args, sweeps: list[tuple[Path, dict]]) -> Pat
             "step_costs_contended": fit_step_costs(pooled, contention=True),
             "step_costs_contended_by_policy": {p: fit_step_costs(v, contention=True)
                                                for p, v in with_gpu.items()}})
+    prof.update(_fit_deliveries(served, clients))
     path = Path(args.out) / "profile-measured.json"
     path.write_text(json.dumps(prof, indent=1))
     return path
@@ -432,6 +467,9 @@ def main() -> None:
     ap.add_argument("--sim-profile", default=None,
                     help="step costs for --simulate (default: --out/profile-measured.json, "
                          "written by a real run)")
+    ap.add_argument("--no-delivery", action="store_true",
+                    help="--simulate without the profile's delivery model: the client sees "
+                         "the engine's stamps (see dualpace/sim/delivery.py)")
     ap.add_argument("--contention", action="store_true",
                     help="--simulate with the step costs that model the two workers sharing "
                          "cores (processor sharing; see dualpace/sim/costs.py)")

@@ -88,7 +88,9 @@ async def send(session: aiohttp.ClientSession, url: str, model: str | None, job:
 # --- a run at one rate -----------------------------------------------------------------------
 
 
-async def run_rate(args, jobs: list[Job], rate: float) -> dict:
+async def run_rate(args, jobs: list[Job], rate: float, keep: list | None = None) -> dict:
+    """One Poisson (or replayed) run at ``rate``: the summary; ``keep``, when given, also
+    gets every request's Result (its send time on the monotonic clock included)."""
     offsets = arrival_times(jobs, rate, args.burstiness, args.seed, args.replay_timestamps,
                             args.timestamp_scale)
     sem = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
@@ -121,6 +123,8 @@ async def run_rate(args, jobs: list[Job], rate: float) -> dict:
         print(file=sys.stderr)
     out = summarize(results, duration, args.save_detailed)
     out["request_rate"] = rate
+    if keep is not None:
+        keep.extend(results)
     return out
 
 

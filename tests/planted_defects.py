@@ -1125,6 +1125,25 @@ PLANTS = [
     Plant("jitter-span-4", "a jitter bin is split only where its sizes span 4x, so 12-row CPU "
           "steps draw the 2-row ones' tail", "dualpace/sim/costs.py",
           "JITTER_SPAN = 2.0", "JITTER_SPAN = 4.0", ("tests/sim/test_jitter.py",)),
+    Plant("delivery-out-of-order", "simulated tokens reach the client out of order when a "
+          "later one draws a shorter delay (negative gaps)", "dualpace/sim/delivery.py",
+          "out.append(np.maximum.accumulate(got) if len(got) else got)", "out.append(got)",
+          ("tests/sim/test_delivery.py",)),
+    Plant("delivery-no-admission", "the simulated client's TTFT leaves out the front end's "
+          "admission delay", "dualpace/sim/run.py",
+          "await asyncio.sleep(delivery.admission_delay(len(engine.requests) + 1))",
+          "delivery.admission_delay(len(engine.requests) + 1)",
+          ("tests/sim/test_delivery.py",)),
+    Plant("delivery-request-record-absolute", "the engine's request records stamp tokens on "
+          "the clock instead of after arrival, so the join reads them as hours late",
+          "dualpace/engine/llm_engine.py",
+          '"tokens": [round(t - r.arrival, 6) for t in r.token_times]',
+          '"tokens": [round(t, 6) for t in r.token_times]',
+          ("tests/sim/test_simulator.py::test_the_engine_logs_every_step_with_its_work",)),
+    Plant("delivery-pooled-only", "every policy is simulated with the delivery pooled over "
+          "all three, so gpu-only draws gated's busier front end", "dualpace/sim/delivery.py",
+          'own = (profile.get("delivery_by_policy") or {}).get(policy)', "own = None",
+          ("tests/sim/test_delivery.py",)),
 ]
 
 

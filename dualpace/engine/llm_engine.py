@@ -104,6 +104,10 @@ class LLMEngine:
         # round trip, applying), plus ``step_seconds``, the worker round trip alone.
         # ``serve --step-log`` writes them; the simulator fits its cost models to them.
         self.on_step = None
+        # ``on_request(record)``: every finished request's arrival and token times (seconds
+        # after arrival, as the engine stamped them): joined with a client's own times, what
+        # the HTTP/SSE path adds, which the simulator's delivery model replays.
+        self.on_request = None
         self._cpu_record: dict | None = None
         # Steps in flight per worker group: a step's record says whether and for how long
         # the other group ran beside it (``beside``, ``overlap``; on a small box they share
@@ -659,6 +663,10 @@ class LLMEngine:
                 group = self.workers.gpu if kind == "gpu" else self.workers.cpu
                 group.send(msg)
         self.requests.pop(r.rid, None)
+        if self.on_request is not None and r.token_times:
+            self.on_request({"kind": "request", "t": round(self.clock(), 4),
+                             "arrival": round(r.arrival, 6), "prompt_tokens": len(r.prompt),
+                             "tokens": [round(t - r.arrival, 6) for t in r.token_times]})
         self.metrics.inc("dualpace:request_success_total", finished_reason=reason)
         self.metrics.observe("dualpace:e2e_request_latency_seconds",
                              self.clock() - r.arrival)

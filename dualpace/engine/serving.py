@@ -31,7 +31,8 @@ class ServingEngine:
         """``step_log``: a file that gets one JSON line per executed step (its work and
         seconds; what ``dualpace simulate`` fits its cost models to), stamped ``t``: the
         host's monotonic clock when the step was logged (the same clock in every process,
-        so a benchmark can tell which of its runs a step belongs to)."""
+        so a benchmark can tell which of its runs a step belongs to); and one line per
+        finished request (``kind`` "request": its arrival and token times on that clock)."""
         self.model_config = load_model_config(config.model)
         self.tokenizer = Tokenizer(config.model)
         # Resolved once: the runtime and the workers get this object.
@@ -71,7 +72,7 @@ class ServingEngine:
         rt.on_failure(lambda exc: self.engine.fail_all(str(exc)))
         if self.step_log:
             self._step_file = open(self.step_log, "a", buffering=1 << 16)  # noqa: SIM115
-            self.engine.on_step = self._log_step
+            self.engine.on_step = self.engine.on_request = self._log_step
         self.engine.start()
         self._watch = asyncio.create_task(self._watch_dead())
 

@@ -41,6 +41,10 @@ def add_parser(sub, add_engine_flags) -> None:
     p.add_argument("--no-jitter", action="store_true",
                    help="--profile: every step takes its fitted cost (default: the measured "
                         "spread around the fit, seeded with --seed)")
+    p.add_argument("--no-delivery", action="store_true",
+                   help="--profile: leave out the profile's delivery model (the front end's "
+                        "admission and per-token delays, measured by compare_policies.py); "
+                        "the client then sees the engine's stamps")
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--rates", required=True, help="offered rates, e.g. 1,2,4,8")
     p.add_argument("--target-factor", type=float, default=3.0,
@@ -95,16 +99,21 @@ def build(args, config, policy: str, host_kv_gib: float | None = None,
 
 
 def sweep(args, config, jobs, policies, rates, host_kv_gib=None, cpu_cores=None) -> dict:
+    from dualpace.sim.delivery import policy_delivery
     from dualpace.sim.run import simulate
     from dualpace.workload import sweep_summary, sweep_targets
 
     runs = {}
+    profile = {}  # delivery: measured on the box a profile comes from; a hardware file has none
+    if args.profile and not args.no_delivery:
+        profile = json.loads(Path(args.profile).read_text())
     for policy in policies:
         setup, costs = build(args, config, policy, host_kv_gib, cpu_cores)
         runs[policy] = []
         for rate in rates:
             r = simulate(setup, costs, policy, jobs, rate, args.seed, check=not args.no_check,
-                         jitter=not args.no_jitter)
+                         jitter=not args.no_jitter,
+                         delivery=policy_delivery(profile, policy))
             runs[policy].append(r)
             print(f"{policy} rate {rate}: norm {r['mean_normalized_latency_s']:.4f} s/tok, "
                   f"p99 ttft {r['p99_ttft_ms']:.0f} ms, p99 itl {r['p99_itl_ms']:.0f} ms "

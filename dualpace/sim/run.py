@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import time
 
+import numpy as np
+
 from dualpace.engine.gpu_round import reserve_violation
 from dualpace.engine.llm_engine import EngineDead, LLMEngine
 from dualpace.engine.metrics import histogram_quantile
 from dualpace.sampling.params import SamplingParams
 from dualpace.sim.costs import CostModel, FittedCosts, Jittered
+from dualpace.sim.delivery import Delivery
 from dualpace.sim.loop import run_virtual
 from dualpace.sim.setup import SimSetup
 from dualpace.sim.workers import SimWorkers
@@ -52,7 +55,8 @@ def _check_round(engine: LLMEngine, kind: str, plan) -> None:
 
 
 async def _run(setup: SimSetup, costs: CostModel, policy: str, jobs: list[Job],
-               offsets: list[float], check: bool) -> tuple[list[Result], float, SimWorkers, dict]:
+               offsets: list[float], check: bool, delivery: Delivery | None
+               ) -> tuple[list[Result], float, SimWorkers, dict]:
     loop = asyncio.get_running_loop()
     workers = SimWorkers(costs, setup.thresholds, setup.num_layers)
     violations: list[BaseException] = []
@@ -70,10 +74,14 @@ async def _run(setup: SimSetup, costs: CostModel, policy: str, jobs: list[Job],
                        on_round=on_round if check else None)
     engine.start()
     results = [Result(input_len=len(j.prompt)) for j in jobs]
+    stamps: dict[int, tuple[float, list[float]]] = {}  # engine arrival and token times
 
     async def one(i: int, job: Job) -> None:
         await asyncio.sleep(max(0.0, offsets[i] - loop.time()))
         res = results[i]
+        res.start = loop.time()  # the client's send
+        if delivery is not None:  # the front end's parse and tokenization
+            await asyncio.sleep(delivery.admission_delay(len(engine.requests) + 1))
         try:
             stream = engine.add_request(job.prompt, SamplingParams(
                 max_tokens=job.max_tokens, temperature=0.0, ignore_eos=True),
@@ -85,13 +93,9 @@ async def _run(setup: SimSetup, costs: CostModel, policy: str, jobs: list[Job],
         async for d in stream:
             if d.error:
                 res.error = d.error
-        res.start = r.arrival
         res.output_tokens = len(r.token_times)
         res.ok = not res.error and r.finish_reason == "length"
-        if r.token_times:
-            res.ttft = r.token_times[0] - r.arrival
-            res.itl = [b - a for a, b in zip(r.token_times, r.token_times[1:])]
-            res.e2e = r.token_times[-1] - r.arrival
+        stamps[i] = (r.arrival, r.token_times)
 
     t0 = loop.time()
     try:
@@ -100,6 +104,7 @@ async def _run(setup: SimSetup, costs: CostModel, policy: str, jobs: list[Job],
         await engine.stop()
     if violations:
         raise violations[0]
+    _client_times(results, stamps, delivery)
     if engine.dead:
         raise RuntimeError(f"simulated engine died: {engine.dead}")
     st = engine.state
@@ -109,21 +114,42 @@ async def _run(setup: SimSetup, costs: CostModel, policy: str, jobs: list[Job],
     return results, loop.time() - t0, workers, engine.metrics.samples(close_windows=False)
 
 
+def _client_times(results: list[Result], stamps: dict, delivery: Delivery | None) -> None:
+    """TTFT, gaps and end-to-end latency as the client sees them: the engine's stamps, plus
+    the drawn delivery delays where there is a delivery model."""
+    order = sorted(stamps)
+    times = [stamps[i][1] for i in order]
+    if delivery is not None:
+        times = delivery.client_times(times, [stamps[i][0] for i in order])
+    for i, t in zip(order, times):
+        res = results[i]
+        if len(t):
+            res.ttft = t[0] - res.start
+            res.itl = [float(g) for g in np.diff(t)]
+            res.e2e = t[-1] - res.start
+
+
 def simulate(setup: SimSetup, costs: CostModel, policy: str, jobs: list[Job], rate: float,
              seed: int = 0, burstiness: float = 1.0, check: bool = True,
-             jitter: bool = True, jitter_seed: int | None = None) -> dict:
+             jitter: bool = True, jitter_seed: int | None = None,
+             delivery: dict | None = None) -> dict:
     """One policy at one offered rate: loadgen's summary keys, plus what the simulator saw
     (simulated seconds, wall seconds, steps and busy time per worker). ``jitter``: fitted
     step costs vary as the measured steps did around their fit (``Jittered``, seeded with
     ``jitter_seed``, default ``seed``, which also draws the arrivals, and with the rate: a
     sweep's points replay different stretches of the measured logs, as a real sweep's points
-    run at different times); off, every step takes its prediction."""
+    run at different times); off, every step takes its prediction. ``delivery``: a
+    profile's delivery section (dualpace/sim/delivery.py): the client's times then include
+    the front end's admission and per-token delays, drawn with the jitter's seed; None,
+    the client sees the engine's stamps."""
     offsets = arrival_times(jobs, rate, burstiness, seed, False, 1.0)
     if jitter and isinstance(costs, FittedCosts):
         costs = Jittered(costs, f"{seed if jitter_seed is None else jitter_seed}@{rate}")
     wall = time.perf_counter()
+    deliver = None if delivery is None else Delivery(
+        delivery, f"{seed if jitter_seed is None else jitter_seed}@{rate}")
     results, duration, workers, samples = run_virtual(
-        _run(setup, costs, policy, jobs, offsets, check))
+        _run(setup, costs, policy, jobs, offsets, check, deliver))
     out = summarize(results, duration, False)
     out.update(engine_latencies(samples))
     out["request_rate"] = rate

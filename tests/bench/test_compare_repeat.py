@@ -89,6 +89,53 @@ def test_the_profile_is_fitted_to_the_quiet_points_steps_only(tmp_path, monkeypa
         compare_policies.fit_measured_profile(["dualpace"], args, [(tmp_path, runs)])
 
 
+def test_the_profile_gets_a_delivery_model_where_the_sweep_kept_client_times(tmp_path,
+                                                                             monkeypatch):
+    import json
+
+    import compare_policies
+
+    monkeypatch.setattr("dualpace.sim.costs.fit_step_costs",
+                        lambda samples, contention=False: {})
+    tokens = [0.01 * (k + 1) for k in range(4)]
+    records = [{"kind": "request", "t": 2.0 + i, "arrival": 1.0 + i, "prompt_tokens": 7,
+                "tokens": tokens} for i in range(3)]
+    (tmp_path / "steps-gated.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    args = argparse.Namespace(out=str(tmp_path), profile=None, max_steal=None)
+    runs = {"gated": [_point(2.0, 0.0, 1.0, [0.0, 10.0])]}
+    prof = json.loads(compare_policies.fit_measured_profile(["gated"], args,
+                                                            [(tmp_path, runs)]).read_text())
+    assert "delivery" not in prof  # no client times kept: nothing to join
+    # the client sent each 2 ms before its arrival and got every token 1 ms late
+    clients = [{"start": 0.998 + i, "input_len": 7, "ttft": 0.013,
+                "itl": [0.01, 0.01, 0.01], "ok": True} for i in range(3)]
+    compare_policies.client_log("gated", tmp_path).write_text(json.dumps(clients))
+    prof = json.loads(compare_policies.fit_measured_profile(["gated"], args,
+                                                            [(tmp_path, runs)]).read_text())
+    d = prof["delivery"]
+    assert d["matched_requests"] == 3
+    assert d["admission"]["quantiles_ms"][0][200] == pytest.approx(2.0)
+    assert d["token"]["quantiles_ms"][0][200] == pytest.approx(1.0)
+    # a second policy served later, its tokens 3 ms late; a third whose requests all failed
+    late = [dict(r, arrival=r["arrival"] + 10, t=r["t"] + 10) for r in records]
+    (tmp_path / "steps-dualpace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in late))
+    compare_policies.client_log("dualpace", tmp_path).write_text(json.dumps(
+        [dict(c, start=c["start"] + 10, ttft=0.015) for c in clients]))
+    (tmp_path / "steps-gpu-only.jsonl").write_text("".join(json.dumps(r) + "\n" for r in late))
+    compare_policies.client_log("gpu-only", tmp_path).write_text(json.dumps(
+        [dict(c, ok=False) for c in clients]))
+    runs.update(dualpace=runs["gated"], **{"gpu-only": runs["gated"]})
+    prof = json.loads(compare_policies.fit_measured_profile(
+        ["dualpace", "gated", "gpu-only"], args, [(tmp_path, runs)]).read_text())
+    own = prof["delivery_by_policy"]
+    assert set(own) == {"dualpace", "gated"}  # nothing of gpu-only's joined
+    assert own["gated"]["token"]["quantiles_ms"][0][200] == pytest.approx(1.0)
+    assert own["dualpace"]["token"]["quantiles_ms"][0][200] == pytest.approx(3.0)
+    pooled = prof["delivery"]["token"]["quantiles_ms"][0]
+    assert [pooled[0], pooled[-1]] == pytest.approx([1.0, 3.0])
+    assert prof["delivery"]["matched_requests"] == 6 and prof["delivery"]["client_requests"] == 9
+
+
 def test_resummarize_reads_the_saved_sweeps_and_says_what_is_missing(tmp_path):
     import json
 

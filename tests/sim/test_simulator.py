@@ -432,18 +432,27 @@ def test_the_engine_logs_every_step_with_its_work():
     async def main():
         workers = FakeWorkers(delay=0.001)
         eng = fake_engine(workers, gpu_blocks=8, host_blocks=200)
-        records = []
+        records, finished, seen = [], [], {}
         eng.on_step = records.append
+        eng.on_request = finished.append
         eng.start()
         streams = [eng.add_request([1] * n, SamplingParams(max_tokens=6, temperature=0), 1000)
                    for n in (10, 20, 30)]
+        for req in [eng.requests[s.rid] for s in streams]:  # before any finishes
+            seen[len(req.prompt)] = req.token_times
         for s in streams:
             async for _ in s:
                 pass
         await eng.stop()
-        return records, workers
+        return records, workers, finished, seen
 
-    records, workers = asyncio.run(main())
+    records, workers, finished, seen = asyncio.run(main())
+    # on_request: each finished request once, its arrival and every token's stamp after it
+    assert sorted(r["prompt_tokens"] for r in finished) == [10, 20, 30]
+    for r in finished:
+        stamps = seen[r["prompt_tokens"]]
+        assert r["tokens"] == pytest.approx([t - r["arrival"] for t in stamps], abs=2e-6)
+        assert len(r["tokens"]) == 6 and r["t"] >= r["arrival"] + r["tokens"][-1] - 1e-4
     gpu = [r for r in records if r["kind"] == "gpu"]
     cpu = [r for r in records if r["kind"] == "cpu"]
     assert len(gpu) == workers.gpu.steps and len(cpu) == workers.cpu.steps > 0
