@@ -250,6 +250,18 @@ def _err(real, sim):
     return round(sim / real - 1, 4) if real and sim else None
 
 
+def reference_warning(real: dict, out: Path) -> str | None:
+    """What --simulate says when the real sweep it validates against (``real``, the
+    compare.json in ``out``) is a single one; None for a median of several, or a file from
+    before compare.json said how many sweeps it holds."""
+    if real.get("sweeps") != 1:
+        return None
+    return (f"compare_policies: the real sweep in {out} is a single one: its P99 TTFT moved "
+            "9-61% (max over min) from one 200-request sweep to the next on the 2-core "
+            "validation box (2026-12-05), so its per-rate errors are mostly the reference's "
+            "noise; run the real side with --repeat 3 and validate against their medians")
+
+
 def validation(real: dict, simulated: dict, factor: float) -> dict:
     """The simulated sweep against the real one in --out, at the *real* run's targets (each
     run's own targets come from its own gpu-only point at the lowest rate, one noisy
@@ -257,9 +269,9 @@ def validation(real: dict, simulated: dict, factor: float) -> dict:
     and simulated sustainable rates and the simulation's relative error at the target
     factor and at 2x and 4x it (a policy that never meets the strict target still gets a
     rate compared), and per rate the P99 latencies: TTFT as the client saw it, inter-token
-    latency as the engine stamped it (``engine_latencies``), and the client's inter-token
-    latency for reference (its tail carries the HTTP/SSE delivery on cores the
-    client, the server and the workers share, which the simulator does not model)."""
+    latency as the engine stamped it (``engine_latencies``) and as the client saw it (its
+    tail carries the HTTP/SSE delivery on cores the client, the server and the workers
+    share, which the simulator draws from the profile's delivery model where it has one)."""
     runs = real["runs"]
     ref = runs.get("gpu-only", next(iter(runs.values())))
     out = {}
@@ -433,7 +445,8 @@ def repeated_sweeps(model: str, jobs, policies, args) -> list[dict]:
         runs = {p: run_policy(model, p, jobs, rep_args) for p in policies}
         _, summary = summarize(runs, args.target_factor, real=True)
         (Path(rep_args.out) / "compare.json").write_text(
-            json.dumps({"summary": summary, "runs": runs, "workload": workload(args)},
+            json.dumps({"summary": summary, "runs": runs, "workload": workload(args),
+                        "sweeps": 1},
                        indent=2))
         reps.append(runs)
     return reps
@@ -535,8 +548,13 @@ def main() -> None:
                   f"this one {workload(args)}: the validation compares different workloads",
                   file=sys.stderr)
         extra["validation"] = validation(real, results, args.target_factor)
+        extra["validation_real_sweeps"] = real.get("sweeps")
+        if warning := reference_warning(real, out):
+            print(warning, file=sys.stderr)
+    sweeps = {} if args.simulate else {"sweeps": len(extra.get("repeats") or [0])}
     (out / f"{name}.json").write_text(json.dumps({"summary": summary, "runs": results,
-                                                  "workload": workload(args)}, indent=2))
+                                                  "workload": workload(args), **sweeps},
+                                                 indent=2))
     plot_sweep(results, targets, out / f"{name}.png")
     emit({"bench": "compare_policies", "simulated": args.simulate, "policies": summary,
           "targets": targets, "rates": args.rates, "workload": workload(args),

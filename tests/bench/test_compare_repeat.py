@@ -173,3 +173,12 @@ def test_a_missing_trace_is_said_and_recorded_as_random_jobs(tmp_path, capsys):
     _, jobs = compare_policies.prepare(args)
     assert len(jobs) == 2 and compare_policies.workload(args) == "random"
     assert f"no trace at {args.trace}: random jobs instead" in capsys.readouterr().err
+
+
+def test_a_validation_against_a_single_real_sweep_says_its_reference_is_noisy(tmp_path):
+    from compare_policies import reference_warning
+
+    warning = reference_warning({"runs": {}, "sweeps": 1}, tmp_path)
+    assert str(tmp_path) in warning and "--repeat 3" in warning
+    assert reference_warning({"runs": {}, "sweeps": 3}, tmp_path) is None  # medians
+    assert reference_warning({"runs": {}}, tmp_path) is None  # an older file: not stated
