@@ -343,17 +343,22 @@ def _quiet_steps(records: list[dict], runs: list[dict], max_steal: float, log: P
 def _fit_deliveries(served: dict[str, list], clients: dict[str, list]) -> dict:
     """The profile's delivery sections: pooled over the policies (``delivery``, the
     fallback) and each policy's own (``delivery_by_policy``); none from logs written before
-    the engine recorded requests, or without the client's times."""
-    from dualpace.sim.delivery import fit_delivery, join
+    the engine recorded requests, without the client's times, or where no request joined
+    (all failed: the sweep's other results still stand)."""
+    from dualpace.sim.delivery import fit_delivery
+
+    def fitted(records: list[dict], times: list[dict]) -> dict | None:
+        try:
+            return fit_delivery(records, times)
+        except ValueError:  # nothing joined
+            return None
 
     both = [p for p in served if served[p] and clients.get(p)]
-    if not both:
+    pooled = fitted([r for p in both for r in served[p]], [c for p in both for c in clients[p]])
+    if pooled is None:
         return {}
-    out = {"delivery": fit_delivery([r for p in both for r in served[p]],
-                                    [c for p in both for c in clients[p]])}
-    out["delivery_by_policy"] = {p: fit_delivery(served[p], clients[p]) for p in both
-                                 if join(served[p], clients[p])}
-    return out
+    own = {p: d for p in both if (d := fitted(served[p], clients[p])) is not None}
+    return {"delivery": pooled, "delivery_by_policy": own}
 
 
 def fit_measured_profile(policies, args, sweeps: list[tuple[Path, dict]]) -> Path:

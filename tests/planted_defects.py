@@ -1144,6 +1144,44 @@ PLANTS = [
           "all three, so gpu-only draws gated's busier front end", "dualpace/sim/delivery.py",
           'own = (profile.get("delivery_by_policy") or {}).get(policy)', "own = None",
           ("tests/sim/test_delivery.py",)),
+    Plant("delivery-concurrency-drops-last-token", "a request stops counting toward the "
+          "concurrency at its last token's stamp", "dualpace/sim/delivery.py",
+          'np.searchsorted(finishes, times, "left"))', 'np.searchsorted(finishes, times, "right"))',
+          ("tests/sim/test_delivery.py::test_concurrency_by_hand",)),
+    Plant("delivery-join-reuses-records", "two clients of the same prompt length are joined "
+          "to one engine record", "dualpace/sim/delivery.py",
+          "if (i not in taken and r[\"prompt_tokens\"]", "if (r[\"prompt_tokens\"]",
+          ("tests/sim/test_delivery.py::test_join_pairs_each_client_with_its_own_record",)),
+    Plant("delivery-small-bins-kept", "a concurrency bin with a handful of samples keeps its "
+          "own table", "dualpace/sim/delivery.py",
+          "if n >= MIN_SAMPLES or not kept:", "if n > 0 or not kept:",
+          ("tests/sim/test_delivery.py::test_fit_tabulates_delays_by_concurrency",)),
+    Plant("delivery-bin-off-by-one", "a concurrency at a bin's upper edge draws from the bin "
+          "above", "dualpace/sim/delivery.py",
+          'b = np.minimum(np.searchsorted(self.upper, conc, "left")',
+          'b = np.minimum(np.searchsorted(self.upper, conc, "right")',
+          ("tests/sim/test_delivery.py::test_draws_follow_the_bins_and_the_seed",)),
+    Plant("delivery-own-tables-pooled", "each policy's delivery tables are fitted to every "
+          "policy's requests", "bench/compare_policies.py",
+          "own = {p: d for p in both if (d := fitted(served[p], clients[p])) is not None}",
+          "own = {p: d for p in both if (d := fitted(sum(served.values(), []), "
+          "sum(clients.values(), []))) is not None}",
+          ("tests/bench/test_compare_repeat.py::"
+           "test_the_profile_gets_a_delivery_model_where_the_sweep_kept_client_times",)),
+    Plant("delivery-table-unchecked", "a delivery table of the wrong shape is read as it "
+          "is", "dualpace/sim/delivery.py",
+          "if q.ndim != 2 or q.shape[1] != len(LEVELS)", "if False and q.ndim != 2",
+          ("tests/sim/test_delivery.py::test_a_malformed_table_is_refused",)),
+    Plant("delivery-no-match-unexplained", "a fit where no client joined fails deep in numpy "
+          "instead of saying why", "dualpace/sim/delivery.py",
+          "    if not pairs:\n        raise ValueError(\"fit_delivery: no client",
+          "    if False:\n        raise ValueError(\"fit_delivery: no client",
+          ("tests/sim/test_delivery.py::test_fit_without_any_match_says_so",)),
+    Plant("reference-warning-always", "--simulate warns of a single real sweep whatever the "
+          "reference holds", "bench/compare_policies.py",
+          'if real.get("sweeps") != 1:', "if False:",
+          ("tests/bench/test_compare_repeat.py::"
+           "test_a_validation_against_a_single_real_sweep_says_its_reference_is_noisy",)),
 ]
 
 

@@ -143,11 +143,11 @@ def simulate(setup: SimSetup, costs: CostModel, policy: str, jobs: list[Job], ra
     the front end's admission and per-token delays, drawn with the jitter's seed; None,
     the client sees the engine's stamps."""
     offsets = arrival_times(jobs, rate, burstiness, seed, False, 1.0)
+    draws = f"{seed if jitter_seed is None else jitter_seed}@{rate}"
     if jitter and isinstance(costs, FittedCosts):
-        costs = Jittered(costs, f"{seed if jitter_seed is None else jitter_seed}@{rate}")
+        costs = Jittered(costs, draws)
     wall = time.perf_counter()
-    deliver = None if delivery is None else Delivery(
-        delivery, f"{seed if jitter_seed is None else jitter_seed}@{rate}")
+    deliver = None if delivery is None else Delivery(delivery, draws)
     results, duration, workers, samples = run_virtual(
         _run(setup, costs, policy, jobs, offsets, check, deliver))
     out = summarize(results, duration, False)

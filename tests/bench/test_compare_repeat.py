@@ -134,6 +134,10 @@ def test_the_profile_gets_a_delivery_model_where_the_sweep_kept_client_times(tmp
     pooled = prof["delivery"]["token"]["quantiles_ms"][0]
     assert [pooled[0], pooled[-1]] == pytest.approx([1.0, 3.0])
     assert prof["delivery"]["matched_requests"] == 6 and prof["delivery"]["client_requests"] == 9
+    # only the policy whose requests all failed: no delivery, and the profile still written
+    prof = json.loads(compare_policies.fit_measured_profile(
+        ["gpu-only"], args, [(tmp_path, runs)]).read_text())
+    assert "delivery" not in prof and "delivery_by_policy" not in prof and "format" in prof
 
 
 def test_resummarize_reads_the_saved_sweeps_and_says_what_is_missing(tmp_path):
