@@ -13,8 +13,9 @@ Shape per layer: Hq=32, Hkv=8, head_dim=128 (Llama-3-8B), block size 16.
 
 --grid adds the issue's shape grid at 32 sequences x 1024 tokens (32k KV tokens, Hkv=8):
 GQA groups 1/4/8 x head dims 64/80/96/128 x block sizes 16/32/64, for each dtype, and
-min_fraction_of_dram_bw_grid. Each row says whether the path took bf16 dot products. The
-grid runs --grid-passes times over (default 3) and each row is the pass with its median
+min_fraction_of_dram_bw_grid. Each row says whether the path took bf16 dot products
+(``bf16_dot``) or AMX tiles (``amx_tiles``, the ``amx`` path at GQA 8: no FMA ceiling
+there). The grid runs --grid-passes times over (default 3) and each row is the pass with its median
 fraction (``fraction_samples``: every pass's): on this shared box a slow spell lasts
 seconds, so three measurements of a row in a row were all low together (bf16 G1 D64 block
 16: 0.25 / 0.25 / 0.27, 0.83-1.03 in other runs), and a single pass put 13-44 of the 72
@@ -141,8 +142,10 @@ def main() -> None:
                "kv_gb_per_s": round(kv_bytes / tk / 1e9, 2),
                "fraction_of_dram_bw": round(frac, 3),
                "bf16_dot": cpu.attention_uses_bf16_dot(dtype, dtype, hq_ // hkv_, d_,
-                                                       isa=args.isa)}
-        if fma_per_s:
+                                                       isa=args.isa, block_size=bs_),
+               "amx_tiles": cpu.attention_uses_amx(dtype, dtype, hq_ // hkv_, d_, bs_,
+                                                   isa=args.isa)}
+        if fma_per_s and not row["amx_tiles"]:  # tile products are no FMAs
             row["fma_bound_gb_per_s"] = round(fma_bound_gb_per_s(
                 hq_ // hkv_, d_, k.element_size(), lanes, fma_per_s, threads,
                 row["bf16_dot"]), 2)

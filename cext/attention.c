@@ -13,8 +13,8 @@ static dp_attn_item_fn pick(int isa) {
     case DP_ISA_SCALAR: return dp_attn_item_scalar;
     case DP_ISA_AVX2: return dp_attn_item_avx2;
     case DP_ISA_AVX512: return dp_attn_item_avx512;
-    case DP_ISA_AVX512_BF16:
-    case DP_ISA_AMX: return dp_attn_item_avx512bf16;
+    case DP_ISA_AVX512_BF16: return dp_attn_item_avx512bf16;
+    case DP_ISA_AMX: return dp_attn_item_amx;
     default: return NULL;
     }
 }
@@ -38,8 +38,7 @@ static void attn_task(void *p, int t, int nth) {
     attn_job *j = p;
     const dp_attn_args *a = &j->a;
     const int Hq = a->Hq, Hkv = a->Hkv, D = a->D, G = a->G, HG = j->HG;
-    float *ws = malloc(sizeof(float) * ((size_t)j->hmax * G * D
-                                        + (size_t)dp_attn_scores_floats(G, a->BS) + D));
+    float *ws = malloc(sizeof(float) * (size_t)dp_attn_ws_floats(j->hmax, G, D, a->BS));
     if (!ws) __atomic_store_n(&j->oom, 1, __ATOMIC_RELAXED);
     for (int64_t it; ws && (it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < j->items;) {
         const int64_t sidx = it / HG;

@@ -17,7 +17,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SOURCES = ["isa.c", "attention.c", "attention_scalar.c", "attention_avx2.c",
-           "attention_avx512.c", "attention_avx512bf16.c", "linear.c", "linear_amx.c", "gemm.c",
+           "attention_avx512.c", "attention_avx512bf16.c", "attention_amx.c",
+           "linear.c", "linear_amx.c", "gemm.c",
            "prefill_attention.c", "layer.c", "decode_layers.c", "kv_copy.c", "futex.c",
            "sampling.c", "argmax.c", "team.c"]
 MODULE = "dualpace.kernels._dualpace_cext"

@@ -40,6 +40,9 @@ int dp_paged_decode_attention(
 /* 1 when the AVX512_BF16 path runs decode attention of these dtypes and shape with bf16 dot
  * products (attention_avx512bf16.c), 0 when it runs the AVX-512 route. */
 int dp_attn_bf16_dot(int q_dtype, int kv_dtype, int G, int D);
+/* 1 when the AMX path runs decode attention of these dtypes and shape on tiles
+ * (attention_amx.c; asks the OS for the tile state on first use), 0 otherwise. */
+int dp_attn_amx_applies(int q_dtype, int kv_dtype, int G, int D, int BS);
 void dp_set_bf16_dot(int on);
 int dp_get_bf16_dot(void);
 int64_t dp_bf16_dot_probe(int64_t iters, double *sink);

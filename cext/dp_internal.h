@@ -38,6 +38,11 @@ void dp_attn_item_avx512(const dp_attn_args *, int, int, int, int, int, float *,
                          float *, float *);
 void dp_attn_item_avx512bf16(const dp_attn_args *, int, int, int, int, int, float *, float *,
                              float *, float *);
+/* The AMX item (attention_amx.c): tile products for bf16 KV where dp_attn_amx_applies
+ * (groups of DP_AMX_ATTN_MIN_G or more), the AVX512_BF16 item elsewhere. */
+void dp_attn_item_amx(const dp_attn_args *, int, int, int, int, int, float *, float *,
+                      float *, float *);
+#define DP_AMX_ATTN_MIN_G 8
 
 /* Causal prefill attention (prefill_attention.c): each sequence b's new rows
  * q[query_start[b] .. query_start[b + 1]) at positions seq_lens[b] - rows .. seq_lens[b] - 1. */
@@ -100,6 +105,13 @@ static inline int64_t dp_prefetch_distance(int h, int nh, int64_t head_bytes, in
  * room for the softmax's vectors and the bf16 path's probability pairs to run past it (each
  * at most 32 floats past BS * G), then one more block's worth that the bf16 path uses. */
 static inline int64_t dp_attn_scores_floats(int G, int BS) { return 2 * (int64_t)G * BS + 64; }
+/* An item's whole workspace, in floats, for items over at most hmax KV heads: q (hmax * G * D,
+ * which the AMX item's hi / lo q tiles also fill), the scores region, a query row (D), and
+ * the AMX item's own: S's staging (32 * G), two P tiles (16 * G) and V's pair tiles (16 * D). */
+static inline int64_t dp_attn_ws_floats(int hmax, int G, int D, int BS) {
+    return (int64_t)hmax * G * D + dp_attn_scores_floats(G, BS) + D + 48 * (int64_t)G
+         + 16 * (int64_t)D;
+}
 
 static inline void dp_item_reset(float *m, float *l, float *acc, int n, int D) {
     for (int g = 0; g < n; g++) { m[g] = -INFINITY; l[g] = 0.f; }

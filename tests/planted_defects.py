@@ -1182,6 +1182,23 @@ PLANTS = [
           'if real.get("sweeps") != 1:', "if False:",
           ("tests/bench/test_compare_repeat.py::"
            "test_a_validation_against_a_single_real_sweep_says_its_reference_is_noisy",)),
+    Plant("amx-q-no-lo", "the AMX attention puts an fp32 q in as its bf16 part alone",
+          "cext/attention_amx.c", "_mm512_i32scatter_epi32(col + G + g, rows, pr, 4);",
+          "_mm512_i32scatter_epi32(col + G + g, rows, _mm512_setzero_si512(), 4);",
+          (ATTN_TEST + "test_amx_tiles_keep_an_fp32_query_to_fp32_precision",)),
+    Plant("amx-p-no-lo", "the AMX attention rounds an fp32 q's probabilities to bf16",
+          "cext/attention_amx.c", "if (two) _tile_dpbf16ps(3, 6, 5);", "",
+          (ATTN_TEST + "test_amx_tiles_keep_an_fp32_query_to_fp32_precision",)),
+    Plant("amx-v-tail-read", "the AMX repack of V reads the slots past a sequence",
+          "cext/attention_amx.c", "const __m512i r1 = tb < n ?", "const __m512i r1 = 1 ?",
+          (ATTN_TEST + "test_amx_tiles_never_read_past_a_sequence",)),
+    Plant("amx-p-tail-unmasked", "the AMX P tile takes the scores past the block's tokens",
+          "cext/attention_amx.c", "lanes_below(live), idx", "lanes_below(AMX_T), idx",
+          (ATTN_TEST + "test_amx_tiles_never_read_past_a_sequence",)),
+    Plant("amx-no-rescale-tiles", "the AMX PV adds a block's products to accumulators it "
+          "never loaded", "cext/attention_amx.c", "                _tile_loadd(3, ac, D * 4);",
+          "                _tile_zero(3);",
+          (ATTN_TEST + "test_amx_tiles_on_ragged_batches",)),
 ]
 
 

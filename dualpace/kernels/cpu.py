@@ -195,15 +195,32 @@ def paged_decode_attention_checked(
     return out
 
 
+def attention_uses_amx(q_dtype: torch.dtype, kv_dtype: torch.dtype, group: int,
+                       head_dim: int, block_size: int, *, isa: str | None = None) -> bool:
+    """Whether ``paged_decode_attention`` on the ISA path ``isa`` (resolved as there) runs on
+    AMX tiles (cext/attention_amx.c): the ``amx`` path, bf16 KV, GQA groups of 8 or more
+    (16 at most, 8 at most for an fp32 q, which goes in as two bf16 parts), head dims a
+    multiple of 32, block sizes a multiple of 16, and the OS granting the tile state."""
+    _, lib = require()
+    if resolve_isa(isa) != "amx" or q_dtype not in DTYPE_CODES or kv_dtype not in DTYPE_CODES:
+        return False
+    return bool(lib.dp_attn_amx_applies(DTYPE_CODES[q_dtype], DTYPE_CODES[kv_dtype], group,
+                                        head_dim, block_size))
+
+
 def attention_uses_bf16_dot(q_dtype: torch.dtype, kv_dtype: torch.dtype, group: int,
-                            head_dim: int, *, isa: str | None = None) -> bool:
+                            head_dim: int, *, isa: str | None = None,
+                            block_size: int = 16) -> bool:
     """Whether ``paged_decode_attention`` on the ISA path ``isa`` (resolved as there) takes
     bf16 dot products for these dtypes and shape (the AVX512_BF16 path, where they measured
     faster than the fp32 route: bf16 q and KV, GQA groups of 8 or more, head dims a multiple
-    of 32, and a CPU whose dot products pay, set_bf16_dot; cext/attention_avx512bf16.c)."""
+    of 32, and a CPU whose dot products pay, set_bf16_dot; cext/attention_avx512bf16.c), and
+    on the AMX path the same where the tiles do not apply (attention_uses_amx)."""
     _, lib = require()
     if resolve_isa(isa) not in ("avx512_bf16", "amx") or q_dtype not in DTYPE_CODES \
             or kv_dtype not in DTYPE_CODES:
+        return False
+    if attention_uses_amx(q_dtype, kv_dtype, group, head_dim, block_size, isa=isa):
         return False
     return bool(lib.dp_attn_bf16_dot(DTYPE_CODES[q_dtype], DTYPE_CODES[kv_dtype], group,
                                      head_dim))

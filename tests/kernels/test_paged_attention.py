@@ -318,3 +318,101 @@ def _bad_cases():
 def test_bad_arguments_raise_value_error(name, args):
     with pytest.raises(ValueError, match=name):
         cpu.paged_decode_attention(*args)
+
+
+AMX = "amx" if "amx" in SUPPORTED else None
+
+
+def test_amx_tiles_where_they_apply():
+    """The AMX path runs attention on tiles for bf16 KV, groups of 8 to 16 (8 for an fp32 q,
+    which takes two bf16 parts a column), head dims a multiple of 32 and block sizes a
+    multiple of 16; elsewhere it is the AVX512_BF16 path's (attention_amx.c)."""
+    bf, f32 = torch.bfloat16, torch.float32
+    if AMX is None:
+        assert not cpu.attention_uses_amx(bf, bf, 8, 128, 16)
+        pytest.skip(f"this CPU has no amx (has {SUPPORTED})")
+    for q_dtype in (bf, f32):
+        assert cpu.attention_uses_amx(q_dtype, bf, 8, 128, 16, isa=AMX)
+        assert cpu.attention_uses_amx(q_dtype, bf, 8, 64, 64, isa=AMX)
+        assert cpu.attention_uses_amx(q_dtype, bf, 8, 96, 32, isa=AMX)
+        assert not cpu.attention_uses_amx(q_dtype, bf, 4, 128, 16, isa=AMX)  # measured no faster
+        assert not cpu.attention_uses_amx(q_dtype, bf, 8, 80, 16, isa=AMX)   # 80 = 2.5 chunks
+        assert not cpu.attention_uses_amx(q_dtype, bf, 8, 128, 8, isa=AMX)   # half a tile
+        assert not cpu.attention_uses_amx(q_dtype, f32, 8, 128, 16, isa=AMX)
+        assert not cpu.attention_uses_amx(q_dtype, bf, 8, 128, 16, isa="avx512_bf16")
+    assert cpu.attention_uses_amx(bf, bf, 16, 128, 16, isa=AMX)
+    assert not cpu.attention_uses_amx(f32, bf, 16, 128, 16, isa=AMX)  # 32 columns
+    assert not cpu.attention_uses_amx(bf, bf, 20, 128, 16, isa=AMX)
+    # where the tiles run, the bf16 dot products do not
+    assert not cpu.attention_uses_bf16_dot(bf, bf, 8, 128, isa=AMX, block_size=16)
+
+
+@pytest.mark.skipif(AMX is None, reason=f"this CPU has no amx (has {SUPPORTED})")
+@pytest.mark.parametrize("group", [8, 12, 16])
+@pytest.mark.parametrize("head_dim,block_size", [(64, 16), (96, 32), (128, 64), (128, 16)])
+def test_amx_tiles_on_ragged_batches(group, head_dim, block_size):
+    """bf16 q over bf16 KV on tiles: lengths ending mid-tile, mid-block, on a block, one
+    token, and one long enough to be split into KV segments; within the bf16 bound."""
+    lens = [1, 15, 17, block_size, 2 * block_size + 5, 700]
+    q, k, v, tables, sl = make_case(group * 1000 + head_dim, lens, 2, group, head_dim,
+                                    block_size, torch.bfloat16)
+    assert cpu.attention_uses_amx(q.dtype, k.dtype, group, head_dim, block_size, isa=AMX)
+    scale = head_dim**-0.5
+    out = cpu.paged_decode_attention(q, k, v, tables, sl, scale, isa=AMX)
+    oracle = dense_attention(q, k, v, tables, sl, scale)
+    bound = 2.0**-8 * (v.float().abs().max().item() + oracle.abs()) + 1e-5
+    assert ((out.double() - oracle).abs() - bound).max().item() <= 0
+
+
+@pytest.mark.skipif(AMX is None, reason=f"this CPU has no amx (has {SUPPORTED})")
+@pytest.mark.parametrize("head_dim,block_size", [(64, 16), (96, 32), (128, 64), (128, 16)])
+def test_amx_tiles_keep_an_fp32_query_to_fp32_precision(head_dim, block_size):
+    """The serving case on tiles: q and the probabilities each as two bf16 parts keep the
+    fp32 bound of test_fp32_queries_over_bf16_kv_keep_fp32_precision, with sharp scores
+    (measured: a bf16 q alone misses it by ~40x, bf16 probabilities alone by ~8x)."""
+    lens = [1, 37, 300, 16 * 20, 1100]
+    q, k, v, tables, sl = make_case(head_dim + block_size, lens, 2, 8, head_dim, block_size,
+                                    torch.bfloat16)
+    q = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)) * 3
+    assert cpu.attention_uses_amx(q.dtype, k.dtype, 8, head_dim, block_size, isa=AMX)
+    out = cpu.paged_decode_attention(q, k, v, tables, sl, head_dim**-0.5, isa=AMX)
+    err = (out.double() - dense_attention(q, k, v, tables, sl, head_dim**-0.5)).abs().max()
+    assert err.item() <= 2e-4, err.item()
+
+
+@pytest.mark.skipif(AMX is None, reason=f"this CPU has no amx (has {SUPPORTED})")
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
+def test_amx_tiles_never_read_past_a_sequence(q_dtype):
+    """A tile reads 16 rows of its block whatever the sequence's length: the slots past it
+    hold NaN here, and neither its scores nor its V rows may reach the output."""
+    lens = [1, 3, 16 + 5, 45, 64]
+    for head_dim, block_size in ((64, 16), (128, 32)):
+        q, k, v, tables, sl = make_case(head_dim, lens, 2, 8, head_dim, block_size,
+                                        torch.bfloat16)
+        q = q.to(q_dtype)
+        live = torch.zeros(k.shape[0], block_size, dtype=torch.bool)
+        for i, n in enumerate(lens):
+            for t in range(n):
+                live[tables[i, t // block_size], t % block_size] = True
+        k_nan, v_nan = k.clone(), v.clone()
+        k_nan.permute(0, 2, 1, 3)[~live] = float("nan")
+        v_nan.permute(0, 2, 1, 3)[~live] = float("nan")
+        out = cpu.paged_decode_attention(q, k_nan, v_nan, tables, sl, head_dim**-0.5, isa=AMX)
+        ref = cpu.paged_decode_attention(q, k, v, tables, sl, head_dim**-0.5, isa=AMX)
+        assert not out.isnan().any()
+        assert torch.equal(out, ref)
+
+
+@pytest.mark.skipif(AMX is None, reason=f"this CPU has no amx (has {SUPPORTED})")
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_amx_tiles_over_head_ranges_and_segments(threads, monkeypatch):
+    """Few sequences: items over ranges of KV heads (5 over 2 ranges at 3 threads) and KV
+    segments, each item configuring the tiles on its own thread."""
+    monkeypatch.setattr(cpu, "_threads_override", threads)
+    for hkv, lens in ((5, [1000]), (8, [40, 33, 17]), (1, [300, 5])):
+        for q_dtype in (torch.float32, torch.bfloat16):
+            q, k, v, tables, sl = make_case(hkv * 7, lens, hkv, 8, 64, 16, torch.bfloat16)
+            q = q.to(q_dtype)
+            out = cpu.paged_decode_attention(q, k, v, tables, sl, 0.125, isa=AMX)
+            err = (out.double() - dense_attention(q, k, v, tables, sl, 0.125)).abs().max()
+            assert err.item() <= (2e-4 if q_dtype == torch.float32 else TOL[q_dtype])
