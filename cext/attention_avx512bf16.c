@@ -245,16 +245,7 @@ static inline __attribute__((always_inline)) void item_bf(
         }
         t += n;
     }
-    /* the accumulators from pv order back to natural order, a 32-element chunk at a time */
-    const __m512i lo_idx = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21,
-                                             22, 23);
-    const __m512i hi_idx = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28,
-                                             29, 30, 31);
-    for (int64_t i = 0; i < (int64_t)nh * G * D; i += BF_CH) {
-        const __m512 x = vloadu(acc + i), y = vloadu(acc + i + VW);
-        vstoreu(acc + i, _mm512_permutex2var_ps(x, lo_idx, y));
-        vstoreu(acc + i + VW, _mm512_permutex2var_ps(x, hi_idx, y));
-    }
+    pv_order_to_natural(acc, (int64_t)nh * G * D);
 }
 
 /* The bf16 dot products where dp_bf16_dot_applies; constant group sizes keep the

@@ -104,4 +104,20 @@ static inline __attribute__((always_inline)) __m512 vreduce_many_v(const VEC *v,
 static inline __attribute__((always_inline)) void vreduce_many(const VEC *v, int n, float *out) {
     _mm512_mask_storeu_ps(out, (__mmask16)((1u << n) - 1u), vreduce_many_v(v, n));
 }
+/* n floats (a multiple of 32) from "pv order" back to natural order, a 32-element chunk at
+ * a time: the order in which products against two V rows interleaved by unpacklo/hi_epi16
+ * leave them (attention_avx512bf16.c, attention_amx.c), element 8L + e (e < 4) of 128-bit
+ * lane L in lane 4L + e of the chunk's first 16 floats, element 8L + 4 + e in the same lane
+ * of the next 16. */
+static inline void pv_order_to_natural(float *acc, int64_t n) {
+    const __m512i lo_idx = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21,
+                                             22, 23);
+    const __m512i hi_idx = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28,
+                                             29, 30, 31);
+    for (int64_t i = 0; i < n; i += 32) {
+        const __m512 x = _mm512_loadu_ps(acc + i), y = _mm512_loadu_ps(acc + i + 16);
+        _mm512_storeu_ps(acc + i, _mm512_permutex2var_ps(x, lo_idx, y));
+        _mm512_storeu_ps(acc + i + 16, _mm512_permutex2var_ps(x, hi_idx, y));
+    }
+}
 #endif

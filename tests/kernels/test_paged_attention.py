@@ -245,6 +245,20 @@ def test_bf16_within_its_rounding_bound(isa, group, head_dim, block_size):
     assert excess <= 0, f"error above the bound by {excess}"
 
 
+def nan_past_lengths(k, v, tables, lens):
+    """Copies of the pools with NaN in every slot no sequence covers: the rest of each last
+    block, and every block not in a table."""
+    block_size = k.shape[2]
+    live = torch.zeros(k.shape[0], block_size, dtype=torch.bool)
+    for i, n in enumerate(lens):
+        for t in range(n):
+            live[tables[i, t // block_size], t % block_size] = True
+    k_nan, v_nan = k.clone(), v.clone()
+    k_nan.permute(0, 2, 1, 3)[~live] = float("nan")
+    v_nan.permute(0, 2, 1, 3)[~live] = float("nan")
+    return k_nan, v_nan
+
+
 @pytest.mark.parametrize("isa", ISA_PARAMS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_slots_past_a_sequence_are_never_read(isa, dtype):
@@ -255,13 +269,7 @@ def test_slots_past_a_sequence_are_never_read(isa, dtype):
     for group, head_dim, block_size in ((1, 64, 16), (4, 128, 16), (8, 64, 3)):
         q, k, v, tables, sl = make_case(7 + group, lens, 2, group, head_dim, block_size,
                                         dtype)
-        live = torch.zeros(k.shape[0], block_size, dtype=torch.bool)
-        for i, n in enumerate(lens):
-            for t in range(n):
-                live[tables[i, t // block_size], t % block_size] = True
-        k_nan, v_nan = k.clone(), v.clone()
-        k_nan.permute(0, 2, 1, 3)[~live] = float("nan")
-        v_nan.permute(0, 2, 1, 3)[~live] = float("nan")
+        k_nan, v_nan = nan_past_lengths(k, v, tables, lens)
         out = cpu.paged_decode_attention(q, k_nan, v_nan, tables, sl, head_dim**-0.5, isa=isa)
         ref = cpu.paged_decode_attention(q, k, v, tables, sl, head_dim**-0.5, isa=isa)
         assert not out.isnan().any()
@@ -390,13 +398,7 @@ def test_amx_tiles_never_read_past_a_sequence(q_dtype):
         q, k, v, tables, sl = make_case(head_dim, lens, 2, 8, head_dim, block_size,
                                         torch.bfloat16)
         q = q.to(q_dtype)
-        live = torch.zeros(k.shape[0], block_size, dtype=torch.bool)
-        for i, n in enumerate(lens):
-            for t in range(n):
-                live[tables[i, t // block_size], t % block_size] = True
-        k_nan, v_nan = k.clone(), v.clone()
-        k_nan.permute(0, 2, 1, 3)[~live] = float("nan")
-        v_nan.permute(0, 2, 1, 3)[~live] = float("nan")
+        k_nan, v_nan = nan_past_lengths(k, v, tables, lens)
         out = cpu.paged_decode_attention(q, k_nan, v_nan, tables, sl, head_dim**-0.5, isa=AMX)
         ref = cpu.paged_decode_attention(q, k, v, tables, sl, head_dim**-0.5, isa=AMX)
         assert not out.isnan().any()
