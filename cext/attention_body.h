@@ -117,6 +117,9 @@ void DP_ITEM_FN(const dp_attn_args *a, int b, int h0, int h1, int t0, int t1,
     DP_CASE(2, DP_F32) DP_CASE(2, DP_BF16) DP_CASE(2, DP_F16)
     DP_CASE(4, DP_F32) DP_CASE(4, DP_BF16) DP_CASE(4, DP_F16)
     DP_CASE(8, DP_F32) DP_CASE(8, DP_BF16) DP_CASE(8, DP_F16)
+    DP_CASE(5, DP_F32) DP_CASE(5, DP_BF16)
+    DP_CASE(6, DP_F32) DP_CASE(6, DP_BF16)
+    DP_CASE(7, DP_F32) DP_CASE(7, DP_BF16)
     default: item_impl(a, b, h0, h1, t0, t1, m, l, acc, ws, a->G, a->kv_dtype);
     }
 }

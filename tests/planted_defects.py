@@ -1199,6 +1199,17 @@ PLANTS = [
           "never loaded", "cext/attention_amx.c", "                _tile_loadd(3, ac, D * 4);",
           "                _tile_zero(3);",
           (ATTN_TEST + "test_amx_tiles_on_ragged_batches",)),
+    Plant("softmax-periodic-wrong-head", "the periodic softmax gives each lane the next head's "
+          "maximum", "cext/attention_simd.h", "per[j] = mn[j % G];", "per[j] = mn[(j + 1) % G];",
+          (ATTN_TEST + "test_groups_that_do_not_divide_the_vector_width",)),
+    Plant("softmax-periodic-sums-shifted", "the periodic softmax folds a head's sum from the "
+          "next head's lanes", "cext/attention_simd.h",
+          "for (int j = g; j < P * VW; j += G) t += sums[j];",
+          "for (int j = (g + 1) % G; j < P * VW; j += G) t += sums[j];",
+          (ATTN_TEST + "test_groups_that_do_not_divide_the_vector_width",)),
+    Plant("qk-rest-slice-dropped", "QK leaves out a group's last slice when it is 1 head",
+          "cext/attention_simd.h", "    DP_QK_REST(1) DP_QK_REST(2)", "    DP_QK_REST(2)",
+          (ATTN_TEST + "test_groups_that_do_not_divide_the_vector_width",)),
 ]
 
 

@@ -135,7 +135,7 @@ def test_few_sequences_split_into_segments_and_head_ranges(isa, threads, monkeyp
 def test_every_listed_head_dim_group_and_block_size(isa, dtype, head_dim):
     """The issue's shapes: the PV loop takes PV_ACC / G head-dim chunks per pass over the
     tokens, so head dims that are not a multiple of that (80, 96) end on a shorter pass."""
-    for group, block_size in ((1, 16), (2, 32), (4, 64), (8, 16)):
+    for group, block_size in ((1, 16), (2, 32), (4, 64), (8, 16), (5, 16), (6, 32), (7, 64)):
         lens = [1, block_size + 3, 3 * block_size - 1, 200]
         q, k, v, tables, sl = make_case(head_dim + group, lens, 2, group, head_dim,
                                         block_size, dtype)
@@ -147,6 +147,24 @@ def test_head_dims_and_large_scores(isa):
     for d in (16, 96, 256):
         q, k, v, tables, sl = make_case(d, [1, 70, 300], 2, 2, d, 16, torch.float32)
         check(isa, q * 4, k * 4, v, tables, sl, d**-0.5)  # sharp softmax: exp range matters
+
+
+@pytest.mark.parametrize("isa", ISA_PARAMS)
+@pytest.mark.parametrize("group", [3, 5, 6, 7, 12])
+def test_groups_that_do_not_divide_the_vector_width(isa, group):
+    """GQA 3, 5, 6, 7 and 12 (Qwen's 40 over 8, 28 over 4 heads...): the QK slices of 4 heads
+    end on a shorter one, and the softmax takes each lane's head maximum from a periodic
+    vector (attention_simd.h's prim_softmax_periodic); sharp scores, so that a maximum taken
+    from the wrong head overflows or flushes the exponentials, and fp32 q over bf16 KV to the
+    fp32 bound."""
+    lens = [1, 7, 16, 33, 300]
+    q, k, v, tables, sl = make_case(group, lens, 2, group, 64, 16, torch.float32)
+    check(isa, q * 4, k * 4, v, tables, sl, 0.125)
+    q, k, v, tables, sl = make_case(group + 1, lens, 2, group, 128, 16, torch.bfloat16)
+    q = torch.randn(q.shape, generator=torch.Generator().manual_seed(group)) * 3
+    out = cpu.paged_decode_attention(q, k, v, tables, sl, 128**-0.5, isa=isa)
+    err = (out.double() - dense_attention(q, k, v, tables, sl, 128**-0.5)).abs().max()
+    assert err.item() <= 2e-4, err.item()
 
 
 @pytest.mark.parametrize("isa", ISA_PARAMS)
