@@ -19,6 +19,9 @@
 #ifndef QK_GT
 #define QK_GT 4  /* the most heads in one QK tile (prim_qk_block) */
 #endif
+#ifndef QK_STEP
+#define QK_STEP 4  /* the heads of a slice when a group takes several */
+#endif
 
 /* s[t*ss + g] = the lane sum of acc[t][g] (scores token-major, ss the whole group's size):
  * all TT x G dot products of a tile reduced together, VW vectors per tree, and stored in
@@ -99,12 +102,19 @@ static inline __attribute__((always_inline)) void qk_slice(
 static inline __attribute__((always_inline)) void prim_qk_block(
     const float *q, const char *k, int64_t row, int n, int dtype, int D, int G, float *s,
     int64_t nxt) {
+#ifdef QK_WHOLE_MAX
+    switch (G) {  /* groups of 5 to QK_WHOLE_MAX heads in one slice */
+    case 5: if (5 <= QK_WHOLE_MAX) { qk_slice(q, k, row, n, dtype, D, G, 0, 5, s, nxt); return; } break;
+    case 6: if (6 <= QK_WHOLE_MAX) { qk_slice(q, k, row, n, dtype, D, G, 0, 6, s, nxt); return; } break;
+    default: break;
+    }
+#endif
     int g0 = 0;
-    for (; g0 + QK_GT <= G; g0 += QK_GT) qk_slice(q, k, row, n, dtype, D, G, g0, QK_GT, s, nxt);
+    for (; g0 + QK_STEP <= G; g0 += QK_STEP) qk_slice(q, k, row, n, dtype, D, G, g0, QK_STEP, s, nxt);
     switch (G - g0) {
 #define DP_QK_REST(r) \
     case r: \
-        if ((r) < QK_GT) qk_slice(q, k, row, n, dtype, D, G, g0, (r), s, nxt); \
+        if ((r) < QK_STEP) qk_slice(q, k, row, n, dtype, D, G, g0, (r), s, nxt); \
         break;
     DP_QK_REST(1) DP_QK_REST(2) DP_QK_REST(3) DP_QK_REST(4) DP_QK_REST(5) DP_QK_REST(6)
     DP_QK_REST(7)
