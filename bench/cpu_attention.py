@@ -12,8 +12,8 @@ repeat loop, as torch's time does.
 Shape per layer: Hq=32, Hkv=8, head_dim=128 (Llama-3-8B), block size 16.
 
 --grid adds the issue's shape grid at 32 sequences x 1024 tokens (32k KV tokens, Hkv=8):
-GQA groups 1/4/8 x head dims 64/80/96/128 x block sizes 16/32/64, for each dtype, and
-min_fraction_of_dram_bw_grid. Each row says whether the path took bf16 dot products
+GQA groups 1/4/8 (--grid-groups) x head dims 64/80/96/128 x block sizes 16/32/64, for each
+dtype, and min_fraction_of_dram_bw_grid. Each row says whether the path took bf16 dot products
 (``bf16_dot``) or AMX tiles (``amx_tiles``, the ``amx`` path at GQA 8: no FMA ceiling
 there). The grid runs --grid-passes times over (default 3) and each row is the pass with its median
 fraction (``fraction_samples``: every pass's): on this shared box a slow spell lasts
@@ -65,6 +65,18 @@ def fma_bound_gb_per_s(group: int, head_dim: int, elem_size: int, lanes: int,
     return 2 * head_dim * elem_size * fma_per_s * threads / fmas / 1e9
 
 
+def parse_groups(text: str) -> tuple[int, ...]:
+    """--grid-groups: comma-separated GQA group sizes, each a positive integer."""
+    try:
+        groups = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--grid-groups: expected comma-separated integers, got {text!r}") \
+            from None
+    if not groups or any(g < 1 for g in groups):
+        raise ValueError(f"--grid-groups: group sizes must be positive, got {text!r}")
+    return groups
+
+
 def median_pass(samples: list[dict]) -> dict:
     """Of one grid row's passes, the one with the median ``fraction_of_dram_bw`` (the upper
     median of an even count: a measured row, never an average of two), with every pass's
@@ -110,11 +122,18 @@ def main() -> None:
                     help="also the GQA x head-dim x block-size grid at 32k tokens")
     ap.add_argument("--grid-passes", type=int, default=3,
                     help="passes over the grid; each row is its median pass")
+    ap.add_argument("--grid-groups", default="1,4,8",
+                    help="GQA groups of the grid (the issue's 1,4,8; add 5 for Qwen3-14B's 40 "
+                         "over 8 heads, 7 for Qwen2.5-7B's 28 over 4)")
     ap.add_argument("--ref-max-tokens", type=int, default=131072,
                     help="skip the (slow, memory-hungry) torch reference above B x context")
     args = ap.parse_args()
     if args.grid_passes < 1:
         raise SystemExit("cpu_attention: --grid-passes must be at least 1")
+    try:
+        grid_groups = parse_groups(args.grid_groups)
+    except ValueError as e:
+        raise SystemExit(f"cpu_attention: {e}") from None
     hq, hkv, d, bs = 32, 8, 128, 16
     threads = cpu.num_threads()
     sbuf = torch.ones(256 * 1024 * 1024 // 4)
@@ -163,7 +182,7 @@ def main() -> None:
                 rows.append(measure(b, ctx, hq, hkv, d, bs, dtype, True))
     grid = []
     if args.grid:
-        shapes = [(dtype, group, hd, gbs) for dtype in dtypes for group in (1, 4, 8)
+        shapes = [(dtype, group, hd, gbs) for dtype in dtypes for group in grid_groups
                   for hd in (64, 80, 96, 128) for gbs in (16, 32, 64)]
         passes: dict[tuple, list[dict]] = {shape: [] for shape in shapes}
         for _ in range(args.grid_passes):  # whole passes: a row's samples minutes apart

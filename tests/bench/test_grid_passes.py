@@ -26,3 +26,13 @@ def test_a_row_is_its_median_pass_not_its_first_or_worst():
     assert median_pass(passes[:1])["fraction_of_dram_bw"] == 0.25
     with pytest.raises(ValueError):
         median_pass([])
+
+
+def test_grid_groups_are_checked_positive_integers():
+    from cpu_attention import parse_groups
+
+    assert parse_groups("1,4,8") == (1, 4, 8)
+    assert parse_groups("5") == (5,)
+    for bad in ("", "1,,8", "x", "4,0", "-1"):
+        with pytest.raises(ValueError, match="--grid-groups"):
+            parse_groups(bad)
