@@ -3,9 +3,10 @@
  *
  * Why: at GQA 8 the FMA routes are compute-bound on an Intel core. Per (token, KV head) at
  * head dim 128 they spend 128 512-bit FMAs plus the widening of every K and V chunk and a
- * horizontal reduction per score; on a 2-core Xeon VM (AMX) the AVX-512 item took ~70 ns a
- * token and KV head on one core, 0.42-0.52 of the DRAM read bandwidth at 32k tokens. One
- * TDPBF16PS does 16 tokens x 16 columns x 32 elements.
+ * horizontal reduction per score; on a 2-core Xeon VM (AMX) the AVX-512 item took ~47 ns a
+ * token and KV head on one core with the KV in L1 (the FMAs alone ~18), and read at
+ * 0.42-0.65 of the DRAM bandwidth at 32k tokens. One TDPBF16PS does 16 tokens x 16 columns x
+ * 32 elements. Measured against it there: 1.16-1.22x from DRAM, 1.46-1.77x in L1 (README).
  *
  *   QK: S[16 tokens][N] = K[16 tokens][32 d] . B, A = sixteen K rows as they lie in the cache
  *       (one tile load, stride = the row), B = q in the tiles' pair-interleaved ("VNNI")
@@ -19,10 +20,11 @@
  *   PV: acc[G][16 d] += P[G][tokens] . V[tokens][16 d], A = the probabilities head-major in
  *       bf16, B = V's rows pair-interleaved: unpacklo/hi_epi16 of two token rows, the
  *       avx512bf16 item's "pv order" of d, undone once per item. For an fp32 q the
- *       probabilities go in as hi + lo too: A's row is [hi of 16 tokens | lo of the same
- *       16], B's 16 pair rows the 8 V pairs twice (one product of depth 32); for a bf16 q
- *       they are rounded to bf16 as FlashAttention rounds P (attention_avx512bf16.c's
- *       bound). The accumulators stay fp32 in memory: a tile load and store per 16 d.
+ *       probabilities go in as hi + lo too, two P tiles multiplied into the same
+ *       accumulators against the same V tile (A = [hi | lo] against V's pairs written twice
+ *       took twice the repack's stores); for a bf16 q they are rounded to bf16 as
+ *       FlashAttention rounds P (attention_avx512bf16.c's bound). The accumulators stay fp32
+ *       in memory: a tile load and store per 16 d.
  *   Everything else as attention_body.h: the online softmax per block, the prefetch of the
  *   next head's rows, m / l / acc per segment for the driver's merge.
  * Blocks go through in 16-token tiles, so the route takes block sizes that are a multiple of
