@@ -40,16 +40,10 @@
 #define AMX_T 16   /* tokens a tile */
 #define AMX_CH 32  /* head-dim elements a chunk (a K tile's row: 64 bytes) */
 
-typedef struct __attribute__((packed)) {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} attn_tilecfg;
-
 /* Tiles: 0 S (16 tokens x N fp32), 1 K (16 tokens x 32 d), 2 q (16 pairs x N), 3 acc (G x 16
  * fp32), 4 P (G x 16 bf16), 5 V (8 pairs x 16 d), 6 P's lo parts (two). */
 static void tiles_config(int G, int two) {
-    attn_tilecfg c;
+    dp_tilecfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     const int N = two ? 2 * G : G;
@@ -242,7 +236,7 @@ static inline __attribute__((always_inline)) void block_head_amx(
 }
 
 /* ws (floats, dp_attn_ws_floats): q's B tiles (nh * D * N / 2), the scores (BS * G + 32),
- * S's staging (16 * N), the P tiles (16 * G), V's B tiles (16 * D). */
+ * S's staging (16 * N), the P tiles (16 * G), V's B tiles (8 * D), a query row (D). */
 static inline __attribute__((always_inline)) void item_amx(
     const dp_attn_args *a, int b, int h0, int h1, int t0, int t1, float *m, float *l,
     float *acc, float *ws, const int G, const int two) {

@@ -6,7 +6,6 @@
  * widened once, rather than 4 heads and then the rest: GQA 5 1.07-1.17x from DRAM (2-core
  * Intel Xeon VM, fp32 q over bf16 KV); GQA 8 keeps its two slices of 4 heads x 4 keys. */
 #define QK_GT 6
-#define QK_WHOLE_MAX 6
 #undef QK_TT
 #define QK_TT(G) ((G) <= 6 ? 4 : ((G) <= 8 ? 2 : 1))
 #include "attention_simd.h"

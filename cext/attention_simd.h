@@ -20,7 +20,7 @@
 #define QK_GT 4  /* the most heads in one QK tile (prim_qk_block) */
 #endif
 #ifndef QK_STEP
-#define QK_STEP 4  /* the heads of a slice when a group takes several */
+#define QK_STEP 4  /* the heads of a slice when a group is larger than QK_GT */
 #endif
 
 /* s[t*ss + g] = the lane sum of acc[t][g] (scores token-major, ss the whole group's size):
@@ -95,29 +95,25 @@ static inline __attribute__((always_inline)) void qk_slice(
                 g0 == 0, nxt);
 }
 
-/* The slices' sizes are constants (QK_GT, then the rest through a switch): with the last
+/* A group of up to QK_GT heads is one slice, a larger one slices of QK_STEP and the rest;
+ * the sizes are constants (the rest through a switch): with the last
  * slice's size known only at run time (G = 5: 4 + 1) the compiler kept the tile's
  * accumulators in memory, zeroed and copied with rep stos / rep movs every tile, and the
  * AVX-512 kernel ran 3.6x slower at GQA 5 than at GQA 4. */
 static inline __attribute__((always_inline)) void prim_qk_block(
     const float *q, const char *k, int64_t row, int n, int dtype, int D, int G, float *s,
     int64_t nxt) {
-#ifdef QK_WHOLE_MAX
-    switch (G) {  /* groups of 5 to QK_WHOLE_MAX heads in one slice */
-    case 5: if (5 <= QK_WHOLE_MAX) { qk_slice(q, k, row, n, dtype, D, G, 0, 5, s, nxt); return; } break;
-    case 6: if (6 <= QK_WHOLE_MAX) { qk_slice(q, k, row, n, dtype, D, G, 0, 6, s, nxt); return; } break;
-    default: break;
-    }
-#endif
     int g0 = 0;
-    for (; g0 + QK_STEP <= G; g0 += QK_STEP) qk_slice(q, k, row, n, dtype, D, G, g0, QK_STEP, s, nxt);
-    switch (G - g0) {
+    if (G > QK_GT)  /* a group that fits one tile goes whole */
+        for (; g0 + QK_STEP <= G; g0 += QK_STEP)
+            qk_slice(q, k, row, n, dtype, D, G, g0, QK_STEP, s, nxt);
+    switch (G - g0) {  /* the rest, at most QK_GT heads */
 #define DP_QK_REST(r) \
     case r: \
-        if ((r) < QK_STEP) qk_slice(q, k, row, n, dtype, D, G, g0, (r), s, nxt); \
+        if ((r) <= QK_GT) qk_slice(q, k, row, n, dtype, D, G, g0, (r), s, nxt); \
         break;
     DP_QK_REST(1) DP_QK_REST(2) DP_QK_REST(3) DP_QK_REST(4) DP_QK_REST(5) DP_QK_REST(6)
-    DP_QK_REST(7)
+    DP_QK_REST(7) DP_QK_REST(8)
 #undef DP_QK_REST
     default: break;
     }

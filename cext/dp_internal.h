@@ -43,6 +43,13 @@ void dp_attn_item_avx512bf16(const dp_attn_args *, int, int, int, int, int, floa
 void dp_attn_item_amx(const dp_attn_args *, int, int, int, int, int, float *, float *,
                       float *, float *);
 #define DP_AMX_ATTN_MIN_G 8
+/* The 64-byte tile configuration LDTILECFG reads (palette 1: 8 tiles of at most 16 rows of 64
+ * bytes), shared by the AMX linear and attention. */
+typedef struct __attribute__((packed)) {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} dp_tilecfg;
 
 /* Causal prefill attention (prefill_attention.c): each sequence b's new rows
  * q[query_start[b] .. query_start[b + 1]) at positions seq_lens[b] - rows .. seq_lens[b] - 1. */

@@ -34,12 +34,6 @@ int dp_amx_enable(void) {
     return s > 0;
 }
 
-typedef struct __attribute__((packed)) {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} dp_tilecfg;
-
 /* Every tile 16 rows of 64 bytes: C tiles 0-3 (16 W rows x 16 x rows, fp32), A tiles 4-5 (16
  * W rows x 32 k), B tiles 6-7 (16 k pairs x 16 x rows). */
 static inline void amx_config(void) {

@@ -1210,6 +1210,15 @@ PLANTS = [
     Plant("qk-rest-slice-dropped", "QK leaves out a group's last slice when it is 1 head",
           "cext/attention_simd.h", "    DP_QK_REST(1) DP_QK_REST(2)", "    DP_QK_REST(2)",
           (ATTN_TEST + "test_groups_that_do_not_divide_the_vector_width",)),
+    Plant("amx-tiles-from-g4", "the AMX tiles take groups of 4, where they measured no faster",
+          "cext/dp_internal.h", "#define DP_AMX_ATTN_MIN_G 8", "#define DP_AMX_ATTN_MIN_G 4",
+          (ATTN_TEST + "test_amx_tiles_where_they_apply",)),
+    Plant("amx-q-tiles-first-head", "every KV head of an AMX item takes the first head's q",
+          "cext/attention_amx.c", "qb + (int64_t)h * D * N, a->scale,", "qb, a->scale,",
+          (ATTN_TEST + "test_amx_tiles_over_head_ranges_and_segments",)),
+    Plant("grid-groups-accept-zero", "cpu_attention's --grid-groups takes a group of 0",
+          "bench/cpu_attention.py", "any(g < 1 for g in groups)", "any(g < 0 for g in groups)",
+          ("tests/bench/test_grid_passes.py::test_grid_groups_are_checked_positive_integers",)),
 ]
 
 
