@@ -28,8 +28,12 @@
  *   Everything else as attention_body.h: the online softmax per block, the prefetch of the
  *   next head's rows, m / l / acc per segment for the driver's merge.
  * Blocks go through in 16-token tiles, so the route takes block sizes that are a multiple of
- * 16 (a tile's rows never leave the block) and head dims that are a multiple of 32 (whole
- * chunks); the last tile of a sequence reads up to 15 rows past its length inside its block:
+ * 16 (a tile's rows never leave the block) and head dims that are a multiple of 16: whole
+ * 32-element chunks and, for an odd multiple (80: Phi-2, StableLM), a last 16-element one on
+ * tiles of its own shape (a 64-byte K tile there would read past the row, and at a block's
+ * last row past the block); on a 2-core Xeon VM head dim 80 read 1.03x (block 16) to
+ * 1.19-1.20x (blocks 32, 64) faster than on the AVX-512 route (32 x 1k tokens, interleaved
+ * runs). The last tile of a sequence reads up to 15 rows past its length inside its block:
  * their scores are never read, and their V rows are zeros in the repack, never loaded (the
  * slots may hold NaN, and 0 x NaN is NaN in a tile product too). Linux grants the tile state
  * on request (dp_amx_enable, linear_amx.c); without it the item takes the AVX-512 route. */
@@ -39,9 +43,13 @@
 
 #define AMX_T 16   /* tokens a tile */
 #define AMX_CH 32  /* head-dim elements a chunk (a K tile's row: 64 bytes) */
+#define AMX_TAIL 16  /* the last chunk of a head dim that is an odd multiple of 16 */
 
 /* Tiles: 0 S (16 tokens x N fp32), 1 K (16 tokens x 32 d), 2 q (16 pairs x N), 3 acc (G x 16
- * fp32), 4 P (G x 16 bf16), 5 V (8 pairs x 16 d), 6 P's lo parts (two). */
+ * fp32), 4 P (G x 16 bf16), 5 V (8 pairs x 16 d), 6 P's lo parts (two), 7 K's last 16 d of a
+ * head dim that is an odd multiple of 16 (16 tokens x 16 d). That tail's q tile is 8 pairs x
+ * N: tile 6 for a bf16 q, which has no lo parts; tile 5 for an fp32 q, whose N = 2G = 16
+ * columns make it V's shape (64-byte rows). */
 static void tiles_config(int G, int two) {
     dp_tilecfg c;
     memset(&c, 0, sizeof c);
@@ -53,13 +61,18 @@ static void tiles_config(int G, int two) {
     c.rows[3] = (uint8_t)G; c.colsb[3] = 64;
     c.rows[4] = (uint8_t)G; c.colsb[4] = AMX_T * 2;
     c.rows[5] = AMX_T / 2; c.colsb[5] = 64;
-    c.rows[6] = (uint8_t)G; c.colsb[6] = AMX_T * 2;
+    if (two) {
+        c.rows[6] = (uint8_t)G; c.colsb[6] = AMX_T * 2;
+    } else {
+        c.rows[6] = AMX_TAIL / 2; c.colsb[6] = (uint16_t)(N * 4);
+    }
+    c.rows[7] = AMX_T; c.colsb[7] = AMX_TAIL * 2;
     _tile_loadconfig(&c);
 }
 
 int dp_attn_amx_applies(int q_dtype, int kv_dtype, int G, int D, int BS) {
     const int two = q_dtype != DP_BF16;
-    return kv_dtype == DP_BF16 && D % AMX_CH == 0 && BS % AMX_T == 0
+    return kv_dtype == DP_BF16 && D % AMX_TAIL == 0 && BS % AMX_T == 0
         && G >= DP_AMX_ATTN_MIN_G && (two ? 2 * G : G) <= 16 && dp_amx_enable();
 }
 
@@ -67,17 +80,21 @@ int dp_attn_amx_applies(int q_dtype, int kv_dtype, int G, int D, int BS) {
  * (x[32c + 2r], x[32c + 2r + 1]) of column j's vector; column g < G is head g's q (its bf16
  * hi part when two), G + g its lo part (two). Unscaled. A chunk's 32 elements in bf16 are 16
  * such pairs, one 32-bit lane each: one scatter puts them down column g. (Element by element
- * in scalar code this took as long as the item's tiles over ~100 tokens.) */
+ * in scalar code this took as long as the item's tiles over ~100 tokens.) A last chunk of 16
+ * elements (D an odd multiple of 16) is a tile of 8 rows, the first 8 lanes' pairs. */
 static void amx_pack_q(const float *qrow, int D, int G, int g, int two, uint16_t *qb) {
     const int N = two ? 2 * G : G;
     const __m512i rows = _mm512_mullo_epi32(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
         _mm512_set1_epi32(N));
-    for (int c = 0; c < D / AMX_CH; c++) {
-        const __m512 x0 = vloadu(qrow + c * AMX_CH), x1 = vloadu(qrow + c * AMX_CH + VW);
+    for (int c = 0; c * AMX_CH < D; c++) {
+        const int half = D - c * AMX_CH == AMX_TAIL;
+        const __mmask16 live = half ? 0xFF : 0xFFFF;
+        const __m512 x0 = vloadu(qrow + c * AMX_CH);
+        const __m512 x1 = half ? _mm512_setzero_ps() : vloadu(qrow + c * AMX_CH + VW);
         const __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);  /* x0's in the low half */
         uint32_t *col = (uint32_t *)(qb + (int64_t)c * (AMX_CH / 2) * N * 2);
-        _mm512_i32scatter_epi32(col + g, rows, hi, 4);
+        _mm512_mask_i32scatter_epi32(col + g, live, rows, hi, 4);
         if (two) {
             /* what the bf16 parts leave: x - hi, element by element in the same order */
             const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(hi, 16));
@@ -97,7 +114,7 @@ static void amx_pack_q(const float *qrow, int D, int G, int g, int two, uint16_t
             const __m512i pr = _mm512_or_si512(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(le)),
                                                _mm512_slli_epi32(_mm512_cvtepu16_epi32(
                                                    _mm512_castsi512_si256(lo)), 16));
-            _mm512_i32scatter_epi32(col + G + g, rows, pr, 4);
+            _mm512_mask_i32scatter_epi32(col + G + g, live, rows, pr, 4);
         }
     }
 }
@@ -105,14 +122,24 @@ static void amx_pack_q(const float *qrow, int D, int G, int g, int two, uint16_t
 /* The scores of one 16-token tile: s[t * G + g] = scale * (S[t][g] (+ S[t][G + g])), t < 16
  * (rows past the block's n are never read). */
 static inline __attribute__((always_inline)) void amx_qk_tile(
-    const char *k, int64_t row, const uint16_t *qb, int nch, int G, int two, float scale,
-    float *s, float *stage) {
+    const char *k, int64_t row, const uint16_t *qb, int nch, int tail, int G, int two,
+    float scale, float *s, float *stage) {
     const int N = two ? 2 * G : G;
     _tile_zero(0);
     for (int c = 0; c < nch; c++) {
         _tile_loadd(1, k + c * AMX_CH * 2, row);
         _tile_loadd(2, qb + (int64_t)c * (AMX_CH / 2) * N * 2, N * 4);
         _tile_dpbf16ps(0, 1, 2);
+    }
+    if (tail) {  /* the last 16 d: 32 bytes of each row, the q tile's 8 pairs */
+        _tile_loadd(7, k + nch * AMX_CH * 2, row);
+        if (two) {
+            _tile_loadd(5, qb + (int64_t)nch * (AMX_CH / 2) * N * 2, N * 4);
+            _tile_dpbf16ps(0, 7, 5);
+        } else {
+            _tile_loadd(6, qb + (int64_t)nch * (AMX_CH / 2) * N * 2, N * 4);
+            _tile_dpbf16ps(0, 7, 6);
+        }
     }
     const VEC sc = vset1(scale);
     if (!two) {
@@ -158,10 +185,11 @@ static inline __attribute__((always_inline)) void amx_pack_p(
 
 /* V rows [t0, t0 + 16) pair-interleaved, zeros from n on (never loaded: a slot past the
  * sequence may hold NaN): chunk c's two B tiles (unpacklo, unpackhi) at vb + (c * 2 + h) * 128
- * (uint32 pairs, 8 rows of 16). Prefetches the same rows' K lines nxt bytes on into L1 (the
- * next head's, whose QK comes next) and their V lines far bytes on into L2. */
+ * (uint32 pairs, 8 rows of 16); a last 16 d (tail) one tile at vb + nch * 2 * 128, in natural
+ * order. Prefetches the same rows' K lines nxt bytes on into L1 (the next head's, whose QK
+ * comes next) and their V lines far bytes on into L2. */
 static inline __attribute__((always_inline)) void amx_pack_v(
-    const char *v, const char *k, int64_t row, int t0, int n, int nch, uint32_t *vb,
+    const char *v, const char *k, int64_t row, int t0, int n, int nch, int tail, uint32_t *vb,
     int64_t nxt, int64_t far) {
     for (int p = 0; p < AMX_T / 2; p++) {
         const int64_t ta = t0 + 2 * p, tb = ta + 1;
@@ -180,6 +208,23 @@ static inline __attribute__((always_inline)) void amx_pack_v(
             uint32_t *lo = vb + (int64_t)c * 2 * 128;
             _mm512_storeu_si512(lo + p * 16, _mm512_unpacklo_epi16(r0, r1));
             _mm512_storeu_si512(lo + 128 + p * 16, _mm512_unpackhi_epi16(r0, r1));
+        }
+        if (tail) {  /* rows are 32-byte multiples: offset nch * 64 is the tail's line */
+            const int64_t at = nch * 64;
+            if (nxt) {
+                _mm_prefetch(k + ta * row + at + nxt, _MM_HINT_T0);
+                _mm_prefetch(k + tb * row + at + nxt, _MM_HINT_T0);
+            }
+            if (far) {
+                _mm_prefetch(va + at + far, _MM_HINT_T1);
+                _mm_prefetch(vr + at + far, _MM_HINT_T1);
+            }
+            const __m256i r0 = ta < n ? _mm256_loadu_si256((const __m256i *)(va + at))
+                                      : _mm256_setzero_si256();
+            const __m256i r1 = tb < n ? _mm256_loadu_si256((const __m256i *)(vr + at))
+                                      : _mm256_setzero_si256();
+            _mm512_storeu_si512(vb + (int64_t)nch * 2 * 128 + p * 16, _mm512_or_si512(
+                _mm512_cvtepu16_epi32(r0), _mm512_slli_epi32(_mm512_cvtepu16_epi32(r1), 16)));
         }
     }
 }
@@ -209,12 +254,13 @@ static inline __attribute__((always_inline)) void block_head_amx(
     float *l, float *acc, const amx_ws *w, int64_t nxt, int64_t far, const int G,
     const int two) {
     const int64_t row = (int64_t)D * 2;
-    const int nch = D / AMX_CH;
+    const int nch = D / AMX_CH, tail = D % AMX_CH != 0;
     for (int t0 = 0; t0 < n; t0 += AMX_T)
-        amx_qk_tile(kp + t0 * row, row, qb, nch, G, two, scale, w->s + t0 * G, w->stage);
+        amx_qk_tile(kp + t0 * row, row, qb, nch, tail, G, two, scale, w->s + t0 * G,
+                    w->stage);
     prim_softmax(w->s, n, G, m, l, acc, D);
     for (int t0 = 0; t0 < n; t0 += AMX_T) {
-        amx_pack_v(vp, kp, row, t0, n, nch, w->vb, nxt, far);
+        amx_pack_v(vp, kp, row, t0, n, nch, tail, w->vb, nxt, far);
         amx_pack_p(w->s, t0, n, G, two, w->pa, w->pl);
         _tile_loadd(4, w->pa, AMX_T * 2);
         if (two) _tile_loadd(6, w->pl, AMX_T * 2);
@@ -232,6 +278,19 @@ static inline __attribute__((always_inline)) void block_head_amx(
                 if (two) _tile_dpbf16ps(3, 6, 5);
                 _tile_stored(3, ac, D * 4);
             }
+        if (tail) {
+            for (int r = 0; r < AMX_T; r++) {  /* the tail's line of all 16 rows */
+                const int64_t at = (t0 + r) * row + nch * 64;
+                if (nxt) _mm_prefetch(vp + at + nxt, _MM_HINT_T0);
+                if (far) _mm_prefetch(kp + at + far, _MM_HINT_T1);
+            }
+            float *ac = acc + nch * AMX_CH;
+            _tile_loadd(3, ac, D * 4);
+            _tile_loadd(5, w->vb + (int64_t)nch * 2 * 128, 64);
+            _tile_dpbf16ps(3, 4, 5);
+            if (two) _tile_dpbf16ps(3, 6, 5);
+            _tile_stored(3, ac, D * 4);
+        }
     }
 }
 
@@ -250,7 +309,7 @@ static inline __attribute__((always_inline)) void item_amx(
     w.pa = (uint16_t *)(w.stage + AMX_T * N);
     w.pl = w.pa + G * AMX_T;
     w.vb = (uint32_t *)(w.pl + G * AMX_T);
-    float *qrow = (float *)(w.vb + (int64_t)D / AMX_CH * 2 * 128);
+    float *qrow = (float *)(w.vb + (int64_t)D / AMX_TAIL * 128);
     const int64_t q0 = ((int64_t)b * a->Hq + (int64_t)h0 * G) * D;
     for (int h = 0; h < nh; h++)
         for (int g = 0; g < G; g++) {
@@ -274,7 +333,12 @@ static inline __attribute__((always_inline)) void item_amx(
         t += n;
     }
     _tile_release();
-    pv_order_to_natural(acc, (int64_t)nh * G * D);
+    if (D % AMX_CH == 0) {
+        pv_order_to_natural(acc, (int64_t)nh * G * D);
+    } else {  /* each row's whole chunks; its tail is in natural order */
+        for (int r = 0; r < nh * G; r++)
+            pv_order_to_natural(acc + (int64_t)r * D, D - AMX_TAIL);
+    }
 }
 
 /* Constant group sizes keep the loops' bounds known; the AVX512_BF16 item where the tiles do

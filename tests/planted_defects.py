@@ -1183,8 +1183,8 @@ PLANTS = [
           ("tests/bench/test_compare_repeat.py::"
            "test_a_validation_against_a_single_real_sweep_says_its_reference_is_noisy",)),
     Plant("amx-q-no-lo", "the AMX attention puts an fp32 q in as its bf16 part alone",
-          "cext/attention_amx.c", "_mm512_i32scatter_epi32(col + G + g, rows, pr, 4);",
-          "_mm512_i32scatter_epi32(col + G + g, rows, _mm512_setzero_si512(), 4);",
+          "cext/attention_amx.c", "_mm512_mask_i32scatter_epi32(col + G + g, live, rows, pr, 4);",
+          "_mm512_mask_i32scatter_epi32(col + G + g, live, rows, _mm512_setzero_si512(), 4);",
           (ATTN_TEST + "test_amx_tiles_keep_an_fp32_query_to_fp32_precision",)),
     Plant("amx-p-no-lo", "the AMX attention rounds an fp32 q's probabilities to bf16",
           "cext/attention_amx.c", "if (two) _tile_dpbf16ps(3, 6, 5);", "",
@@ -1219,6 +1219,21 @@ PLANTS = [
     Plant("grid-groups-accept-zero", "cpu_attention's --grid-groups takes a group of 0",
           "bench/cpu_attention.py", "any(g < 1 for g in groups)", "any(g < 0 for g in groups)",
           ("tests/bench/test_grid_passes.py::test_grid_groups_are_checked_positive_integers",)),
+    Plant("amx-tail-dropped", "the AMX QK leaves out the last 16 d of head dim 80",
+          "cext/attention_amx.c",
+          "    if (tail) {  /* the last 16 d: 32 bytes of each row, the q tile's 8 pairs */",
+          "    if (0) {", (ATTN_TEST + "test_amx_tiles_on_ragged_batches",)),
+    Plant("amx-tail-pv-order", "the AMX item reorders the natural-order tail of head dim 80 "
+          "as a whole chunk", "cext/attention_amx.c", "    if (D % AMX_CH == 0) {",
+          "    if (1) {", (ATTN_TEST + "test_amx_tiles_on_ragged_batches",)),
+    Plant("amx-tail-v-read", "the AMX repack of V's last 16 d reads the slots past a sequence",
+          "cext/attention_amx.c", "const __m256i r1 = tb < n ?", "const __m256i r1 = 1 ?",
+          (ATTN_TEST + "test_amx_tiles_never_read_past_a_sequence",)),
+    Plant("amx-tail-q-lo-dropped", "the AMX q tile of head dim 80's last 16 d has no lo parts",
+          "cext/attention_amx.c", "_mm512_mask_i32scatter_epi32(col + G + g, live, rows, pr, 4);",
+          "_mm512_mask_i32scatter_epi32(col + G + g, live & (c * AMX_CH + AMX_TAIL < D ? "
+          "0xFFFF : 0), rows, pr, 4);",
+          (ATTN_TEST + "test_amx_tiles_keep_an_fp32_query_to_fp32_precision",)),
 ]
 
 

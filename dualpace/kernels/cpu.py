@@ -200,7 +200,7 @@ def attention_uses_amx(q_dtype: torch.dtype, kv_dtype: torch.dtype, group: int,
     """Whether ``paged_decode_attention`` on the ISA path ``isa`` (resolved as there) runs on
     AMX tiles (cext/attention_amx.c): the ``amx`` path, bf16 KV, GQA groups of 8 or more
     (16 at most, 8 at most for an fp32 q, which goes in as two bf16 parts), head dims a
-    multiple of 32, block sizes a multiple of 16, and the OS granting the tile state."""
+    multiple of 16, block sizes a multiple of 16, and the OS granting the tile state."""
     _, lib = require()
     if resolve_isa(isa) != "amx" or q_dtype not in DTYPE_CODES or kv_dtype not in DTYPE_CODES:
         return False

@@ -351,7 +351,7 @@ AMX = "amx" if "amx" in SUPPORTED else None
 
 def test_amx_tiles_where_they_apply():
     """The AMX path runs attention on tiles for bf16 KV, groups of 8 to 16 (8 for an fp32 q,
-    which takes two bf16 parts a column), head dims a multiple of 32 and block sizes a
+    which takes two bf16 parts a column), head dims a multiple of 16 and block sizes a
     multiple of 16; elsewhere it is the AVX512_BF16 path's (attention_amx.c)."""
     bf, f32 = torch.bfloat16, torch.float32
     if AMX is None:
@@ -362,7 +362,8 @@ def test_amx_tiles_where_they_apply():
         assert cpu.attention_uses_amx(q_dtype, bf, 8, 64, 64, isa=AMX)
         assert cpu.attention_uses_amx(q_dtype, bf, 8, 96, 32, isa=AMX)
         assert not cpu.attention_uses_amx(q_dtype, bf, 4, 128, 16, isa=AMX)  # measured no faster
-        assert not cpu.attention_uses_amx(q_dtype, bf, 8, 80, 16, isa=AMX)   # 80 = 2.5 chunks
+        assert cpu.attention_uses_amx(q_dtype, bf, 8, 80, 16, isa=AMX)  # 2 chunks + a tail
+        assert not cpu.attention_uses_amx(q_dtype, bf, 8, 72, 16, isa=AMX)  # 72 = 4.5 x 16
         assert not cpu.attention_uses_amx(q_dtype, bf, 8, 128, 8, isa=AMX)   # half a tile
         assert not cpu.attention_uses_amx(q_dtype, f32, 8, 128, 16, isa=AMX)
         assert not cpu.attention_uses_amx(q_dtype, bf, 8, 128, 16, isa="avx512_bf16")
@@ -375,7 +376,8 @@ def test_amx_tiles_where_they_apply():
 
 @pytest.mark.skipif(AMX is None, reason=f"this CPU has no amx (has {SUPPORTED})")
 @pytest.mark.parametrize("group", [8, 12, 16])
-@pytest.mark.parametrize("head_dim,block_size", [(64, 16), (96, 32), (128, 64), (128, 16)])
+@pytest.mark.parametrize("head_dim,block_size", [(64, 16), (96, 32), (128, 64), (128, 16),
+                                                 (80, 16), (80, 64), (48, 32), (16, 16)])
 def test_amx_tiles_on_ragged_batches(group, head_dim, block_size):
     """bf16 q over bf16 KV on tiles: lengths ending mid-tile, mid-block, on a block, one
     token, and one long enough to be split into KV segments; within the bf16 bound."""
@@ -391,7 +393,8 @@ def test_amx_tiles_on_ragged_batches(group, head_dim, block_size):
 
 
 @pytest.mark.skipif(AMX is None, reason=f"this CPU has no amx (has {SUPPORTED})")
-@pytest.mark.parametrize("head_dim,block_size", [(64, 16), (96, 32), (128, 64), (128, 16)])
+@pytest.mark.parametrize("head_dim,block_size", [(64, 16), (96, 32), (128, 64), (128, 16),
+                                                 (80, 16), (80, 32), (16, 32)])
 def test_amx_tiles_keep_an_fp32_query_to_fp32_precision(head_dim, block_size):
     """The serving case on tiles: q and the probabilities each as two bf16 parts keep the
     fp32 bound of test_fp32_queries_over_bf16_kv_keep_fp32_precision, with sharp scores
@@ -412,7 +415,7 @@ def test_amx_tiles_never_read_past_a_sequence(q_dtype):
     """A tile reads 16 rows of its block whatever the sequence's length: the slots past it
     hold NaN here, and neither its scores nor its V rows may reach the output."""
     lens = [1, 3, 16 + 5, 45, 64]
-    for head_dim, block_size in ((64, 16), (128, 32)):
+    for head_dim, block_size in ((64, 16), (128, 32), (80, 16)):
         q, k, v, tables, sl = make_case(head_dim, lens, 2, 8, head_dim, block_size,
                                         torch.bfloat16)
         q = q.to(q_dtype)
