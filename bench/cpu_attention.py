@@ -11,15 +11,19 @@ at the start put some rows above 1.0. kernel_ms and the ratio to torch come from
 repeat loop, as torch's time does.
 Shape per layer: Hq=32, Hkv=8, head_dim=128 (Llama-3-8B), block size 16.
 
---grid adds the issue's shape grid at 32 sequences x 1024 tokens (32k KV tokens, Hkv=8):
-GQA groups 1/4/8 (--grid-groups) x head dims 64/80/96/128 x block sizes 16/32/64, for each
-dtype, and min_fraction_of_dram_bw_grid. Each row says whether the path took bf16 dot products
-(``bf16_dot``) or AMX tiles (``amx_tiles``, the ``amx`` path at GQA 8: no FMA ceiling
-there). The grid runs --grid-passes times over (default 3) and each row is the pass with its median
-fraction (``fraction_samples``: every pass's): on this shared box a slow spell lasts
-seconds, so three measurements of a row in a row were all low together (bf16 G1 D64 block
-16: 0.25 / 0.25 / 0.27, 0.83-1.03 in other runs), and a single pass put 13-44 of the 72
-rows below 0.70 from one run to the next.
+--grid adds the issue's shape grid at 32 sequences x at least 1024 tokens (32k KV tokens,
+Hkv=8): GQA groups 1/4/8 (--grid-groups) x head dims 64/80/96/128 x block sizes 16/32/64,
+for each dtype, and min_fraction_of_dram_bw_grid. Each row's context is long enough that its
+K and V fill twice the last-level cache (``llc_bytes``, from sysfs; --grid-min-kv-mb), and
+the reference read is that size too: on a Xeon VM with a 300 MiB L3 the 32k-token rows
+(17-134 MB) read from the L3 at up to 1.8x the streaming rate, which says nothing of DRAM.
+Each row says whether the path took bf16 dot products (``bf16_dot``) or AMX tiles
+(``amx_tiles``, the ``amx`` path at GQA 8: no FMA ceiling there). The grid runs
+--grid-passes times over (default 3) and each row is the pass with its median fraction
+(``fraction_samples``: every pass's): on this shared box a slow spell lasts seconds, so
+three measurements of a row in a row were all low together (bf16 G1 D64 block 16: 0.25 /
+0.25 / 0.27, 0.83-1.03 in other runs), and a single pass put 13-44 of the 72 rows below 0.70
+from one run to the next.
 
 The compute ceiling beside the memory one: ``fma_per_core_per_s`` is the path's vector-FMA
 throughput on one core (cpu.fma_rate), and each row's ``fma_bound_fraction`` the fraction of
@@ -33,8 +37,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import statistics
 import time
+from pathlib import Path
 
 import torch
 from common import emit, median_time
@@ -42,13 +48,25 @@ from common import emit, median_time
 from dualpace.kernels import cpu
 from dualpace.model.attention_ref import paged_decode_attention_ref
 
+# Above this many elements a KV tensor is a random pool repeated: randn over a GB-sized
+# cache took seconds a row, and the values do not change the kernel's speed.
+RANDOM_POOL = 1 << 22
+
+
+def random_kv(shape: tuple[int, ...], dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    n = math.prod(shape)
+    if n <= RANDOM_POOL:
+        return torch.randn(shape, generator=g).to(dtype)
+    pool = torch.randn(RANDOM_POOL, generator=g).to(dtype)
+    return pool.repeat(-(-n // RANDOM_POOL))[:n].view(shape)
+
 
 def case(batch: int, ctx: int, hq: int, hkv: int, d: int, bs: int, dtype: torch.dtype):
     per = -(-ctx // bs)
     nb = batch * per
     g = torch.Generator().manual_seed(0)
-    k = torch.randn(nb, hkv, bs, d, generator=g).to(dtype)
-    v = torch.randn(nb, hkv, bs, d, generator=g).to(dtype)
+    k = random_kv((nb, hkv, bs, d), dtype, g)
+    v = random_kv((nb, hkv, bs, d), dtype, g)
     q = torch.randn(batch, hq, d, generator=g)
     tables = torch.randperm(nb, generator=g).int().view(batch, per)
     lens = torch.full((batch,), ctx, dtype=torch.int32)
@@ -63,6 +81,39 @@ def fma_bound_gb_per_s(group: int, head_dim: int, elem_size: int, lanes: int,
     FMAs of half as many instructions), and bring 2 * head_dim * elem_size bytes of K and V."""
     fmas = 2 * group * head_dim / lanes / (2 if bf16_dot else 1)
     return 2 * head_dim * elem_size * fma_per_s * threads / fmas / 1e9
+
+
+def parse_cache_size(text: str) -> int:
+    """A sysfs cache size (``/sys/devices/system/cpu/cpu0/cache/index*/size``: "48K",
+    "307200K", "2M") in bytes."""
+    t = text.strip()
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if t and t[-1].upper() in units:
+        return int(t[:-1]) * units[t[-1].upper()]
+    return int(t)
+
+
+def llc_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """The largest cache cpu0 reports (the last level), in bytes; None where sysfs says none."""
+    sizes = []
+    for index in sorted(root.glob("index*")):
+        try:
+            sizes.append(parse_cache_size((index / "size").read_text()))
+        except (OSError, ValueError):
+            continue
+    return max(sizes) if sizes else None
+
+
+def grid_context(min_kv_bytes: int, batch: int, hkv: int, head_dim: int, elem_size: int,
+                 block_size: int, floor: int = 1024) -> int:
+    """The context of a grid row: at least ``floor`` tokens (the issue's 32 x 1024 = 32k) and
+    enough that the row's K and V (batch x context x hkv x head_dim x 2 x elem_size bytes)
+    reach ``min_kv_bytes``, in whole blocks. A KV the last-level cache holds is read from
+    there: on a Xeon VM with a 300 MiB L3 the 32k-token rows read at up to 1.8x the
+    streaming DRAM rate."""
+    per_token = batch * hkv * head_dim * 2 * elem_size
+    ctx = max(floor, -(-min_kv_bytes // per_token))
+    return -(-ctx // block_size) * block_size
 
 
 def parse_groups(text: str) -> tuple[int, ...]:
@@ -125,6 +176,10 @@ def main() -> None:
     ap.add_argument("--grid-groups", default="1,4,8",
                     help="GQA groups of the grid (the issue's 1,4,8; add 5 for Qwen3-14B's 40 "
                          "over 8 heads, 7 for Qwen2.5-7B's 28 over 4)")
+    ap.add_argument("--grid-min-kv-mb", type=int, default=None,
+                    help="each grid row's K and V at least this many MiB, by a longer "
+                         "context (default: twice the last-level cache, so that the rows "
+                         "read DRAM; 0: the issue's 32k tokens whatever the cache)")
     ap.add_argument("--ref-max-tokens", type=int, default=131072,
                     help="skip the (slow, memory-hungry) torch reference above B x context")
     args = ap.parse_args()
@@ -134,9 +189,15 @@ def main() -> None:
         grid_groups = parse_groups(args.grid_groups)
     except ValueError as e:
         raise SystemExit(f"cpu_attention: {e}") from None
+    if args.grid_min_kv_mb is not None and args.grid_min_kv_mb < 0:
+        raise SystemExit("cpu_attention: --grid-min-kv-mb must be 0 or more")
     hq, hkv, d, bs = 32, 8, 128, 16
     threads = cpu.num_threads()
-    sbuf = torch.ones(256 * 1024 * 1024 // 4)
+    llc = llc_bytes()
+    grid_min_kv = (args.grid_min_kv_mb << 20 if args.grid_min_kv_mb is not None
+                   else 2 * (llc or 256 << 20))
+    # the reference read twice the last-level cache too, or it partly reads that cache
+    sbuf = torch.ones(max(256 << 20, 2 * (llc or 0)) // 4)
     sbytes = sbuf.numel() * 4
     stream = functools.partial(cpu.stream_read, sbuf, threads)
     bw_samples = []
@@ -157,7 +218,7 @@ def main() -> None:
         kv_bytes = 2 * b * ctx * hkv_ * d_ * k.element_size()
         frac = statistics.median(kv_bytes / a / (sbytes / c) for a, c in zip(tks, tss))
         row = {"dtype": str(dtype).removeprefix("torch."), "batch": b, "context": ctx,
-               "tokens": b * ctx, "kernel_ms": round(tk * 1e3, 3),
+               "tokens": b * ctx, "kv_bytes": kv_bytes, "kernel_ms": round(tk * 1e3, 3),
                "kv_gb_per_s": round(kv_bytes / tk / 1e9, 2),
                "fraction_of_dram_bw": round(frac, 3),
                "bf16_dot": cpu.attention_uses_bf16_dot(dtype, dtype, hq_ // hkv_, d_,
@@ -187,8 +248,9 @@ def main() -> None:
         passes: dict[tuple, list[dict]] = {shape: [] for shape in shapes}
         for _ in range(args.grid_passes):  # whole passes: a row's samples minutes apart
             for dtype, group, hd, gbs in shapes:
+                ctx = grid_context(grid_min_kv, 32, 8, hd, dtype.itemsize, gbs)
                 passes[(dtype, group, hd, gbs)].append(
-                    measure(32, 1024, 8 * group, 8, hd, gbs, dtype, False))
+                    measure(32, ctx, 8 * group, 8, hd, gbs, dtype, False))
         for (_, group, hd, gbs), samples in passes.items():
             grid.append({"group": group, "head_dim": hd, "block_size": gbs,
                          **median_pass(samples)})
@@ -203,6 +265,7 @@ def main() -> None:
         "fma_per_core_per_s": round(fma_per_s) if fma_per_s else None,
         "fma_lanes": lanes,
         "shape": {"Hq": hq, "Hkv": hkv, "D": d, "block_size": bs},
+        "llc_bytes": llc, "stream_bytes": sbytes,
         "min_fraction_of_dram_bw_at_32k_tokens": min(r["fraction_of_dram_bw"] for r in big)
         if big else None,
         "min_speedup_vs_torch": min((r["speedup_vs_torch"] for r in rows
@@ -211,7 +274,7 @@ def main() -> None:
         **({"min_fraction_of_dram_bw_grid": min(r["fraction_of_dram_bw"] for r in grid),
             "min_fma_bound_fraction_grid": min((r["fma_bound_fraction"] for r in grid
                                                 if "fma_bound_fraction" in r), default=None),
-            "grid": grid} if grid else {}),
+            "grid_min_kv_bytes": grid_min_kv, "grid": grid} if grid else {}),
     }, args.json)
 
 

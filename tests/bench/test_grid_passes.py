@@ -36,3 +36,29 @@ def test_grid_groups_are_checked_positive_integers():
     for bad in ("", "1,,8", "x", "4,0", "-1"):
         with pytest.raises(ValueError, match="--grid-groups"):
             parse_groups(bad)
+
+
+def test_cache_sizes_read_as_sysfs_writes_them(tmp_path):
+    from cpu_attention import llc_bytes, parse_cache_size
+
+    assert parse_cache_size("48K\n") == 48 << 10
+    assert parse_cache_size("2M") == 2 << 20
+    assert parse_cache_size("4096") == 4096
+    for i, size in enumerate(["48K", "32K", "2048K", "307200K"]):
+        (tmp_path / f"index{i}").mkdir()
+        (tmp_path / f"index{i}" / "size").write_text(size + "\n")
+    (tmp_path / "index4").mkdir()  # an entry without a size is passed over
+    assert llc_bytes(tmp_path) == 307200 << 10
+    assert llc_bytes(tmp_path / "absent") is None
+
+
+def test_grid_rows_reach_the_asked_kv_bytes_in_whole_blocks():
+    from cpu_attention import grid_context
+
+    # 32 sequences x 8 KV heads x head dim 128 x K and V x bf16: 128 KiB a token
+    assert grid_context(0, 32, 8, 128, 2, 16) == 1024  # never under the 32k tokens
+    assert grid_context(600 << 20, 32, 8, 128, 2, 16) == 4800
+    ctx = grid_context(600 << 20, 32, 8, 80, 2, 64)  # 80 KiB a token: 7680, in blocks of 64
+    assert ctx == 7680 and ctx % 64 == 0
+    ctx = grid_context((600 << 20) + 1, 32, 8, 80, 2, 64)
+    assert ctx == 7744 and 32 * 8 * 80 * 2 * 2 * ctx >= (600 << 20) + 1
