@@ -58,6 +58,27 @@ def dram_read_bandwidth(threads: int | None = None, mib: int = 512, repeats: int
     return buf.numel() * 4 / t
 
 
+def parse_cache_size(text: str) -> int:
+    """A sysfs cache size (``/sys/devices/system/cpu/cpu0/cache/index*/size``: "48K",
+    "307200K", "2M") in bytes."""
+    t = text.strip()
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if t and t[-1].upper() in units:
+        return int(t[:-1]) * units[t[-1].upper()]
+    return int(t)
+
+
+def llc_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """The largest cache cpu0 reports (the last level), in bytes; None where sysfs says none."""
+    sizes = []
+    for index in sorted(root.glob("index*")):
+        try:
+            sizes.append(parse_cache_size((index / "size").read_text()))
+        except (OSError, ValueError):
+            continue
+    return max(sizes) if sizes else None
+
+
 def reference_model_dir() -> Path:
     """The llama.cpp comparison shape: hidden 512, 8 layers, vocab 32000, fp32 (~58M params)."""
     from dualpace.demo_model import DemoSpec, default_demo_dir, make_demo_model
@@ -65,6 +86,36 @@ def reference_model_dir() -> Path:
     spec = DemoSpec(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=8,
                     intermediate_size=1376, extra_vocab=32000 - 261)
     path = default_demo_dir().parent / "bench-llama-55m"
+    if not (path / "model.safetensors").is_file():
+        make_demo_model(path, spec)
+    return path
+
+
+# The past-the-cache bench model: hidden 1024, 16 heads over 8 KV heads, the comparison
+# model's vocabulary. The params a decode step streams: each layer's (q, k, v, o, the MLP,
+# two norms), and the LM head's and final norm's (the embedding only gives a row a token).
+PAST_LLC_LAYER_PARAMS = 2 * 1024 * 1024 + 2 * 1024 * 512 + 3 * 1024 * 2752 + 2 * 1024
+PAST_LLC_FIXED_PARAMS = 32000 * 1024 + 1024
+
+
+def past_llc_layers(min_bytes: int, elem_size: int = 4) -> int:
+    """Layers of the past-the-cache bench model whose streamed weights (what
+    ``iter_weight_bytes`` counts) reach ``min_bytes``."""
+    need = -(-min_bytes // elem_size) - PAST_LLC_FIXED_PARAMS
+    return max(1, -(-need // PAST_LLC_LAYER_PARAMS))
+
+
+def past_llc_model_dir(min_bytes: int) -> Path:
+    """A random-weight checkpoint of at least ``min_bytes`` of fp32 weights (hidden 1024,
+    16 over 8 heads, vocab 32000, as many layers as that takes), made once: decode at batch 1
+    then streams its weights from DRAM, not from a last-level cache that holds them (the
+    55M comparison model's 167 MB sit in a 300 MiB L3)."""
+    from dualpace.demo_model import DemoSpec, default_demo_dir, make_demo_model
+
+    layers = past_llc_layers(min_bytes)
+    spec = DemoSpec(hidden_size=1024, num_layers=layers, num_heads=16, num_kv_heads=8,
+                    intermediate_size=2752, extra_vocab=32000 - 261)
+    path = default_demo_dir().parent / f"bench-llama-h1024-{layers}l"
     if not (path / "model.safetensors").is_file():
         make_demo_model(path, spec)
     return path

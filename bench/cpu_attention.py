@@ -40,10 +40,9 @@ import functools
 import math
 import statistics
 import time
-from pathlib import Path
 
 import torch
-from common import emit, median_time
+from common import emit, llc_bytes, median_time
 
 from dualpace.kernels import cpu
 from dualpace.model.attention_ref import paged_decode_attention_ref
@@ -81,27 +80,6 @@ def fma_bound_gb_per_s(group: int, head_dim: int, elem_size: int, lanes: int,
     FMAs of half as many instructions), and bring 2 * head_dim * elem_size bytes of K and V."""
     fmas = 2 * group * head_dim / lanes / (2 if bf16_dot else 1)
     return 2 * head_dim * elem_size * fma_per_s * threads / fmas / 1e9
-
-
-def parse_cache_size(text: str) -> int:
-    """A sysfs cache size (``/sys/devices/system/cpu/cpu0/cache/index*/size``: "48K",
-    "307200K", "2M") in bytes."""
-    t = text.strip()
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    if t and t[-1].upper() in units:
-        return int(t[:-1]) * units[t[-1].upper()]
-    return int(t)
-
-
-def llc_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
-    """The largest cache cpu0 reports (the last level), in bytes; None where sysfs says none."""
-    sizes = []
-    for index in sorted(root.glob("index*")):
-        try:
-            sizes.append(parse_cache_size((index / "size").read_text()))
-        except (OSError, ValueError):
-            continue
-    return max(sizes) if sizes else None
 
 
 def grid_context(min_kv_bytes: int, batch: int, hkv: int, head_dim: int, elem_size: int,

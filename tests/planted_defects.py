@@ -1224,9 +1224,14 @@ PLANTS = [
           "    return ctx", ("tests/bench/test_grid_passes.py::"
                             "test_grid_rows_reach_the_asked_kv_bytes_in_whole_blocks",)),
     Plant("llc-smallest-cache", "the last-level cache read as the smallest cache",
-          "bench/cpu_attention.py", "    return max(sizes) if sizes else None",
+          "bench/common.py", "    return max(sizes) if sizes else None",
           "    return min(sizes) if sizes else None",
           ("tests/bench/test_grid_passes.py::test_cache_sizes_read_as_sysfs_writes_them",)),
+    Plant("past-llc-layers-floor", "the past-the-cache bench model rounds its layers down",
+          "bench/common.py", "    return max(1, -(-need // PAST_LLC_LAYER_PARAMS))",
+          "    return max(1, need // PAST_LLC_LAYER_PARAMS)",
+          ("tests/bench/test_grid_passes.py::"
+           "test_the_past_llc_model_streams_at_least_the_asked_bytes",)),
     Plant("amx-tail-dropped", "the AMX QK leaves out the last 16 d of head dim 80",
           "cext/attention_amx.c",
           "    if (tail) {  /* the last 16 d: 32 bytes of each row, the q tile's 8 pairs */",

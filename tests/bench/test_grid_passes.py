@@ -39,7 +39,7 @@ def test_grid_groups_are_checked_positive_integers():
 
 
 def test_cache_sizes_read_as_sysfs_writes_them(tmp_path):
-    from cpu_attention import llc_bytes, parse_cache_size
+    from common import llc_bytes, parse_cache_size
 
     assert parse_cache_size("48K\n") == 48 << 10
     assert parse_cache_size("2M") == 2 << 20
@@ -62,3 +62,16 @@ def test_grid_rows_reach_the_asked_kv_bytes_in_whole_blocks():
     assert ctx == 7680 and ctx % 64 == 0
     ctx = grid_context((600 << 20) + 1, 32, 8, 80, 2, 64)
     assert ctx == 7744 and 32 * 8 * 80 * 2 * 2 * ctx >= (600 << 20) + 1
+
+
+def test_the_past_llc_model_streams_at_least_the_asked_bytes():
+    from common import PAST_LLC_FIXED_PARAMS, PAST_LLC_LAYER_PARAMS, past_llc_layers
+
+    # 4 bytes x (32.77M of LM head + 11.60M a layer): 10 layers 567.6 MiB, 11 611.8
+    assert past_llc_layers(600 << 20) == 11
+    assert past_llc_layers(567 << 20) == 10
+    for mib in (1, 200, 600, 1000, 4096):
+        n = past_llc_layers(mib << 20)
+        assert 4 * (PAST_LLC_FIXED_PARAMS + n * PAST_LLC_LAYER_PARAMS) >= mib << 20
+        if n > 1:
+            assert 4 * (PAST_LLC_FIXED_PARAMS + (n - 1) * PAST_LLC_LAYER_PARAMS) < mib << 20
