@@ -246,6 +246,10 @@ def main() -> None:
         "llc_bytes": llc, "stream_bytes": sbytes,
         "min_fraction_of_dram_bw_at_32k_tokens": min(r["fraction_of_dram_bw"] for r in big)
         if big else None,
+        # the rows whose K and V are twice the last-level cache: DRAM reads for certain
+        "min_fraction_of_dram_bw_past_llc": min((r["fraction_of_dram_bw"] for r in rows
+                                                 if llc and r["kv_bytes"] >= 2 * llc),
+                                                default=None),
         "min_speedup_vs_torch": min((r["speedup_vs_torch"] for r in rows
                                      if "speedup_vs_torch" in r), default=None),
         "results": rows,
