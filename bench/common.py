@@ -79,23 +79,48 @@ def llc_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | 
     return max(sizes) if sizes else None
 
 
-def reference_model_dir() -> Path:
-    """The llama.cpp comparison shape: hidden 512, 8 layers, vocab 32000, fp32 (~58M params)."""
+# The comparison models' vocabulary: the demo tokenizer's 261 entries and rows past them
+# (never produced), so that the LM head is a 32k-vocabulary model's.
+BENCH_VOCAB = 32000
+DEMO_TOKENIZER_VOCAB = 261
+
+
+def _bench_model_dir(name: str, **shape) -> Path:
+    """A random-weight bench checkpoint of this shape, made once under the demo model's
+    cache directory."""
     from dualpace.demo_model import DemoSpec, default_demo_dir, make_demo_model
 
-    spec = DemoSpec(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=8,
-                    intermediate_size=1376, extra_vocab=32000 - 261)
-    path = default_demo_dir().parent / "bench-llama-55m"
+    path = default_demo_dir().parent / name
     if not (path / "model.safetensors").is_file():
-        make_demo_model(path, spec)
+        make_demo_model(path, DemoSpec(extra_vocab=BENCH_VOCAB - DEMO_TOKENIZER_VOCAB, **shape))
     return path
 
 
-# The past-the-cache bench model: hidden 1024, 16 heads over 8 KV heads, the comparison
-# model's vocabulary. The params a decode step streams: each layer's (q, k, v, o, the MLP,
-# two norms), and the LM head's and final norm's (the embedding only gives a row a token).
-PAST_LLC_LAYER_PARAMS = 2 * 1024 * 1024 + 2 * 1024 * 512 + 3 * 1024 * 2752 + 2 * 1024
-PAST_LLC_FIXED_PARAMS = 32000 * 1024 + 1024
+def reference_model_dir() -> Path:
+    """The llama.cpp comparison shape: hidden 512, 8 layers, vocab 32000, fp32 (~58M params)."""
+    return _bench_model_dir("bench-llama-55m", hidden_size=512, num_layers=8, num_heads=8,
+                            num_kv_heads=8, intermediate_size=1376)
+
+
+# The past-the-cache bench model: the comparison model's vocabulary at hidden 1024, 16 heads
+# over 8 KV heads, as many layers as its size asks.
+PAST_LLC_SHAPE = {"hidden_size": 1024, "num_heads": 16, "num_kv_heads": 8,
+                  "intermediate_size": 2752}
+
+
+def layer_params(hidden_size: int, num_heads: int, num_kv_heads: int,
+                 intermediate_size: int) -> int:
+    """The params a decode step streams for one Llama layer: q and o, k and v, the MLP's
+    three projections, two norms."""
+    kv = hidden_size // num_heads * num_kv_heads
+    return (2 * hidden_size * hidden_size + 2 * hidden_size * kv
+            + 3 * hidden_size * intermediate_size + 2 * hidden_size)
+
+
+# What a step streams beside the layers: the LM head and the final norm (the embedding only
+# gives each row its token's vector).
+PAST_LLC_LAYER_PARAMS = layer_params(**PAST_LLC_SHAPE)
+PAST_LLC_FIXED_PARAMS = (BENCH_VOCAB + 1) * PAST_LLC_SHAPE["hidden_size"]
 
 
 def past_llc_layers(min_bytes: int, elem_size: int = 4) -> int:
@@ -106,19 +131,12 @@ def past_llc_layers(min_bytes: int, elem_size: int = 4) -> int:
 
 
 def past_llc_model_dir(min_bytes: int) -> Path:
-    """A random-weight checkpoint of at least ``min_bytes`` of fp32 weights (hidden 1024,
-    16 over 8 heads, vocab 32000, as many layers as that takes), made once: decode at batch 1
-    then streams its weights from DRAM, not from a last-level cache that holds them (the
-    55M comparison model's 167 MB sit in a 300 MiB L3)."""
-    from dualpace.demo_model import DemoSpec, default_demo_dir, make_demo_model
-
+    """A random-weight checkpoint of at least ``min_bytes`` of fp32 weights, made once:
+    decode at batch 1 then streams its weights from DRAM, not from a last-level cache that
+    holds them (the 55M comparison model's 167 MB sit in a 300 MiB L3)."""
     layers = past_llc_layers(min_bytes)
-    spec = DemoSpec(hidden_size=1024, num_layers=layers, num_heads=16, num_kv_heads=8,
-                    intermediate_size=2752, extra_vocab=32000 - 261)
-    path = default_demo_dir().parent / f"bench-llama-h1024-{layers}l"
-    if not (path / "model.safetensors").is_file():
-        make_demo_model(path, spec)
-    return path
+    return _bench_model_dir(f"bench-llama-h1024-{layers}l", num_layers=layers,
+                            **PAST_LLC_SHAPE)
 
 
 def emit(result: dict, as_json: bool) -> None:

@@ -183,6 +183,21 @@ static inline __attribute__((always_inline)) void amx_pack_p(
     }
 }
 
+/* The repack's prefetches for one line (at bytes into the row) of a pair of rows: their K
+ * lines nxt bytes on into L1, their V lines far bytes on into L2. */
+static inline __attribute__((always_inline)) void prefetch_rows_line(
+    const char *k, const char *va, const char *vr, int64_t ka, int64_t kb, int64_t at,
+    int64_t nxt, int64_t far) {
+    if (nxt) {
+        _mm_prefetch(k + ka + at + nxt, _MM_HINT_T0);
+        _mm_prefetch(k + kb + at + nxt, _MM_HINT_T0);
+    }
+    if (far) {
+        _mm_prefetch(va + at + far, _MM_HINT_T1);
+        _mm_prefetch(vr + at + far, _MM_HINT_T1);
+    }
+}
+
 /* V rows [t0, t0 + 16) pair-interleaved, zeros from n on (never loaded: a slot past the
  * sequence may hold NaN): chunk c's two B tiles (unpacklo, unpackhi) at vb + (c * 2 + h) * 128
  * (uint32 pairs, 8 rows of 16); a last 16 d (tail) one tile at vb + nch * 2 * 128, in natural
@@ -195,14 +210,7 @@ static inline __attribute__((always_inline)) void amx_pack_v(
         const int64_t ta = t0 + 2 * p, tb = ta + 1;
         const char *va = v + ta * row, *vr = v + tb * row;
         for (int c = 0; c < nch; c++) {
-            if (nxt) {
-                _mm_prefetch(k + ta * row + c * 64 + nxt, _MM_HINT_T0);
-                _mm_prefetch(k + tb * row + c * 64 + nxt, _MM_HINT_T0);
-            }
-            if (far) {
-                _mm_prefetch(va + c * 64 + far, _MM_HINT_T1);
-                _mm_prefetch(vr + c * 64 + far, _MM_HINT_T1);
-            }
+            prefetch_rows_line(k, va, vr, ta * row, tb * row, c * 64, nxt, far);
             const __m512i r0 = ta < n ? _mm512_loadu_si512(va + c * 64) : _mm512_setzero_si512();
             const __m512i r1 = tb < n ? _mm512_loadu_si512(vr + c * 64) : _mm512_setzero_si512();
             uint32_t *lo = vb + (int64_t)c * 2 * 128;
@@ -211,14 +219,7 @@ static inline __attribute__((always_inline)) void amx_pack_v(
         }
         if (tail) {  /* rows are 32-byte multiples: offset nch * 64 is the tail's line */
             const int64_t at = nch * 64;
-            if (nxt) {
-                _mm_prefetch(k + ta * row + at + nxt, _MM_HINT_T0);
-                _mm_prefetch(k + tb * row + at + nxt, _MM_HINT_T0);
-            }
-            if (far) {
-                _mm_prefetch(va + at + far, _MM_HINT_T1);
-                _mm_prefetch(vr + at + far, _MM_HINT_T1);
-            }
+            prefetch_rows_line(k, va, vr, ta * row, tb * row, at, nxt, far);
             const __m256i r0 = ta < n ? _mm256_loadu_si256((const __m256i *)(va + at))
                                       : _mm256_setzero_si256();
             const __m256i r1 = tb < n ? _mm256_loadu_si256((const __m256i *)(vr + at))
@@ -227,6 +228,28 @@ static inline __attribute__((always_inline)) void amx_pack_v(
                 _mm512_cvtepu16_epi32(r0), _mm512_slli_epi32(_mm512_cvtepu16_epi32(r1), 16)));
         }
     }
+}
+
+/* PV's line prefetches, spread over its tile products: line `line` of rows r0 .. r1 - 1,
+ * the next head's V into L1, the next block's K into L2. */
+static inline __attribute__((always_inline)) void pv_prefetch(
+    const char *vp, const char *kp, int64_t row, int r0, int r1, int line, int64_t nxt,
+    int64_t far) {
+    for (int r = r0; r < r1; r++) {
+        const int64_t at = r * row + line * 64;
+        if (nxt) _mm_prefetch(vp + at + nxt, _MM_HINT_T0);
+        if (far) _mm_prefetch(kp + at + far, _MM_HINT_T1);
+    }
+}
+/* acc[G][16 d] at ac += P . V: the accumulators tile-loaded, multiplied into (twice, hi and
+ * lo, for an fp32 q) and stored back. */
+static inline __attribute__((always_inline)) void pv_tile(float *ac, int D, const uint32_t *vt,
+                                                          int two) {
+    _tile_loadd(3, ac, D * 4);
+    _tile_loadd(5, vt, 64);
+    _tile_dpbf16ps(3, 4, 5);
+    if (two) _tile_dpbf16ps(3, 6, 5);
+    _tile_stored(3, ac, D * 4);
 }
 
 /* The per-item scratch. */
@@ -265,31 +288,13 @@ static inline __attribute__((always_inline)) void block_head_amx(
         _tile_loadd(4, w->pa, AMX_T * 2);
         if (two) _tile_loadd(6, w->pl, AMX_T * 2);
         for (int c = 0; c < nch; c++)
-            for (int h = 0; h < 2; h++) {
-                float *ac = acc + c * AMX_CH + h * 16;
-                for (int r = 0; r < 8; r++) {  /* line c of 8 rows an iteration */
-                    const int64_t at = (t0 + h * 8 + r) * row + c * 64;
-                    if (nxt) _mm_prefetch(vp + at + nxt, _MM_HINT_T0);
-                    if (far) _mm_prefetch(kp + at + far, _MM_HINT_T1);
-                }
-                _tile_loadd(3, ac, D * 4);
-                _tile_loadd(5, w->vb + (int64_t)(c * 2 + h) * 128, 64);
-                _tile_dpbf16ps(3, 4, 5);
-                if (two) _tile_dpbf16ps(3, 6, 5);
-                _tile_stored(3, ac, D * 4);
+            for (int h = 0; h < 2; h++) {  /* line c of 8 rows a product */
+                pv_prefetch(vp, kp, row, t0 + h * 8, t0 + h * 8 + 8, c, nxt, far);
+                pv_tile(acc + c * AMX_CH + h * 16, D, w->vb + (int64_t)(c * 2 + h) * 128, two);
             }
-        if (tail) {
-            for (int r = 0; r < AMX_T; r++) {  /* the tail's line of all 16 rows */
-                const int64_t at = (t0 + r) * row + nch * 64;
-                if (nxt) _mm_prefetch(vp + at + nxt, _MM_HINT_T0);
-                if (far) _mm_prefetch(kp + at + far, _MM_HINT_T1);
-            }
-            float *ac = acc + nch * AMX_CH;
-            _tile_loadd(3, ac, D * 4);
-            _tile_loadd(5, w->vb + (int64_t)nch * 2 * 128, 64);
-            _tile_dpbf16ps(3, 4, 5);
-            if (two) _tile_dpbf16ps(3, 6, 5);
-            _tile_stored(3, ac, D * 4);
+        if (tail) {  /* the tail's line of all 16 rows */
+            pv_prefetch(vp, kp, row, t0, t0 + AMX_T, nch, nxt, far);
+            pv_tile(acc + nch * AMX_CH, D, w->vb + (int64_t)nch * 2 * 128, two);
         }
     }
 }
@@ -333,12 +338,8 @@ static inline __attribute__((always_inline)) void item_amx(
         t += n;
     }
     _tile_release();
-    if (D % AMX_CH == 0) {
-        pv_order_to_natural(acc, (int64_t)nh * G * D);
-    } else {  /* each row's whole chunks; its tail is in natural order */
-        for (int r = 0; r < nh * G; r++)
-            pv_order_to_natural(acc + (int64_t)r * D, D - AMX_TAIL);
-    }
+    for (int r = 0; r < nh * G; r++)  /* each row's whole chunks; a tail is natural order */
+        pv_order_to_natural(acc + (int64_t)r * D, D / AMX_CH * AMX_CH);
 }
 
 /* Constant group sizes keep the loops' bounds known; the AVX512_BF16 item where the tiles do

@@ -1196,8 +1196,8 @@ PLANTS = [
           "cext/attention_amx.c", "lanes_below(live), idx", "lanes_below(AMX_T), idx",
           (ATTN_TEST + "test_amx_tiles_never_read_past_a_sequence",)),
     Plant("amx-no-rescale-tiles", "the AMX PV adds a block's products to accumulators it "
-          "never loaded", "cext/attention_amx.c", "                _tile_loadd(3, ac, D * 4);",
-          "                _tile_zero(3);",
+          "never loaded", "cext/attention_amx.c", "    _tile_loadd(3, ac, D * 4);",
+          "    _tile_zero(3);",
           (ATTN_TEST + "test_amx_tiles_on_ragged_batches",)),
     Plant("softmax-periodic-wrong-head", "the periodic softmax gives each lane the next head's "
           "maximum", "cext/attention_simd.h", "per[j] = mn[j % G];", "per[j] = mn[(j + 1) % G];",
@@ -1236,9 +1236,14 @@ PLANTS = [
           "cext/attention_amx.c",
           "    if (tail) {  /* the last 16 d: 32 bytes of each row, the q tile's 8 pairs */",
           "    if (0) {", (ATTN_TEST + "test_amx_tiles_on_ragged_batches",)),
-    Plant("amx-tail-pv-order", "the AMX item reorders the natural-order tail of head dim 80 "
-          "as a whole chunk", "cext/attention_amx.c", "    if (D % AMX_CH == 0) {",
-          "    if (1) {", (ATTN_TEST + "test_amx_tiles_on_ragged_batches",)),
+    Plant("amx-pv-order-last-chunk", "the AMX item leaves a row's last whole chunk in the "
+          "repack's order", "cext/attention_amx.c", "D / AMX_CH * AMX_CH);",
+          "(D / AMX_CH - 1) * AMX_CH);", (ATTN_TEST + "test_amx_tiles_on_ragged_batches",)),
+    Plant("amx-tail-v-pairs-swapped", "the AMX repack of head dim 80's last 16 d swaps the two "
+          "tokens of a pair", "cext/attention_amx.c",
+          "_mm512_cvtepu16_epi32(r0), _mm512_slli_epi32(_mm512_cvtepu16_epi32(r1), 16)));",
+          "_mm512_cvtepu16_epi32(r1), _mm512_slli_epi32(_mm512_cvtepu16_epi32(r0), 16)));",
+          (ATTN_TEST + "test_amx_tiles_on_ragged_batches",)),
     Plant("amx-tail-v-read", "the AMX repack of V's last 16 d reads the slots past a sequence",
           "cext/attention_amx.c", "const __m256i r1 = tb < n ?", "const __m256i r1 = 1 ?",
           (ATTN_TEST + "test_amx_tiles_never_read_past_a_sequence",)),
