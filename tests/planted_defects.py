@@ -1232,6 +1232,9 @@ PLANTS = [
           "    return max(1, need // PAST_LLC_LAYER_PARAMS)",
           ("tests/bench/test_grid_passes.py::"
            "test_the_past_llc_model_streams_at_least_the_asked_bytes",)),
+    Plant("amx-head-dims-of-8", "the AMX tiles take head dims that are a multiple of 8",
+          "cext/attention_amx.c", "D % AMX_TAIL == 0 && BS % AMX_T == 0",
+          "D % 8 == 0 && BS % AMX_T == 0", (ATTN_TEST + "test_amx_tiles_where_they_apply",)),
     Plant("amx-tail-dropped", "the AMX QK leaves out the last 16 d of head dim 80",
           "cext/attention_amx.c",
           "    if (tail) {  /* the last 16 d: 32 bytes of each row, the q tile's 8 pairs */",
