@@ -126,10 +126,11 @@ double dp_stream_read_avx2(const float *buf, int64_t n) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        /* 1 KB ahead by hand, as the kernels do: the roofline is what a prefetching reader
-         * gets (measured ~5% above the hardware prefetchers alone) */
-        __builtin_prefetch(buf + i + 256, 0, 3);
-        __builtin_prefetch(buf + i + 272, 0, 3);
+        /* 1 KB ahead by hand, into L2 as the kernels do: the roofline is what a prefetching
+         * reader gets (measured ~5% above the hardware prefetchers alone, and on a Zen 4
+         * 5-15% above the same prefetches into L1) */
+        dp_prefetch_dram(buf + i + 256);
+        dp_prefetch_dram(buf + i + 272);
         a0 = _mm256_add_ps(a0, _mm256_loadu_ps(buf + i));
         a1 = _mm256_add_ps(a1, _mm256_loadu_ps(buf + i + 8));
         a2 = _mm256_add_ps(a2, _mm256_loadu_ps(buf + i + 16));

@@ -47,9 +47,9 @@ static inline __attribute__((always_inline)) void store_scores(
  * line per line read, so the prefetches spread evenly through the compute: issued all at
  * once per block they filled the line-fill buffers and stalled the core, and with both K's
  * and V's issued during QK (a third of a G = 8 step) a G = 8 step ran 1.3-1.5x slower from
- * DRAM on a Zen 5 (G = 4: 1.15-1.35x). */
+ * DRAM on a Zen 5 (G = 4: 1.15-1.35x). Into L2 (dp_prefetch_dram). */
 static inline __attribute__((always_inline)) void prefetch_next(const char *line, int64_t nxt) {
-    __builtin_prefetch(line + nxt, 0, 3);
+    dp_prefetch_dram(line + nxt);
 }
 
 /* q is chunk-major (attention_body.h): chunk c of head g at q[c * qs + g * VW], so one

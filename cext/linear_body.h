@@ -48,10 +48,10 @@ static inline __attribute__((always_inline)) void lin_tile(
         for (int k = 0; k < K; k += VW) {
             /* the next tile's rows, one tile ahead: the DRAM stream stays in flight while
              * this tile computes (measured: the hardware prefetchers alone leave M = 4..16
-             * at half the bandwidth) */
+             * at half the bandwidth), into L2 (dp_prefetch_dram) */
             if (pf && (k * esz) % 64 == 0)
                 for (int j = 0; j < NR; j++)
-                    __builtin_prefetch(pf + ((int64_t)j * K + k) * esz, 0, 3);
+                    dp_prefetch_dram(pf + ((int64_t)j * K + k) * esz);
             VEC wv[NR];
             for (int j = 0; j < NR; j++)
                 wv[j] = j < nr ? vload_w(w + ((int64_t)j * K + k) * esz, wdt) : vzero();
