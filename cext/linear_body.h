@@ -80,12 +80,17 @@ static inline __attribute__((always_inline)) void lin_rows(
     const float *x, int M, int K, const void *w, const int wdt, int N, const float *bias,
     float *out, int n_lo, int n_hi) {
     const int esz = dp_elem_size(wdt);
-    /* Few rows of x over short W rows: each tile's W rows read one after the other (the
-     * seq loop of lin_tile). Measured at M = 1 and 2 on the llama.cpp comparison model's
-     * projections (K = 512 and 1376, rows of 2-5 KB in fp32): 1.3-1.6x the weight bytes a
-     * second of the interleaved loop; at K = 4096 (16 KB rows, which the interleaved loop
-     * already streams well) and where x outgrows half the L1 it measured slower. */
-    const int seq = M <= MR && (int64_t)M * K <= 4096 && (int64_t)K * esz <= 8192;
+    /* One row of x over short W rows: each tile's W rows read one after the other (the
+     * seq loop of lin_tile). Measured on a Zen 5 at M = 1 and 2 on the llama.cpp comparison
+     * model's projections (K = 512 and 1376, rows of 2-5 KB in fp32): 1.3-1.6x the weight
+     * bytes a second of the interleaved loop when its prefetches went into L1; at K = 4096
+     * (16 KB rows, which the interleaved loop already streams well) and where x outgrows half
+     * the L1 it measured slower. With the prefetches into L2 (dp_prefetch_dram), on a Zen 4
+     * (2 threads, 256 MB of W cycled, the two loops alternated in one process) the
+     * interleaved loop read 0.93-1.21x as fast at M = 1, 0.99-1.33x at M = 2 (fp32 1.0-1.08,
+     * bf16 1.05-1.33) and 1.10-1.87x at M = 4, so from 2 rows it takes the interleaved
+     * loop. */
+    const int seq = M == 1 && (int64_t)K <= 4096 && (int64_t)K * esz <= 8192;
     for (int n = n_lo; n < n_hi; n += NR) {
         const int nr = n_hi - n < NR ? n_hi - n : NR;
         const char *wp = (const char *)w + (int64_t)n * K * esz;
@@ -98,19 +103,15 @@ static inline __attribute__((always_inline)) void lin_rows(
             const char *pf = m == 0 && n + 2 * NR <= N ? wp + (int64_t)NR * K * esz : NULL;
             /* constant tile sizes let the compiler keep every accumulator in a register */
             if (nr == NR) {
-                switch (seq ? mr : 0) {  /* one pass over the tile: W once, in order */
-                case 4: lin_tile(xp, K, 4, wp, wdt, NR, bias, op, N, n, NULL, 1); break;
-                case 3: lin_tile(xp, K, 3, wp, wdt, NR, bias, op, N, n, NULL, 1); break;
-                case 2: lin_tile(xp, K, 2, wp, wdt, NR, bias, op, N, n, NULL, 1); break;
-                case 1: lin_tile(xp, K, 1, wp, wdt, NR, bias, op, N, n, NULL, 1); break;
-                default:
+                if (seq)  /* one pass over the tile: W once, in order */
+                    lin_tile(xp, K, 1, wp, wdt, NR, bias, op, N, n, NULL, 1);
+                else
                     switch (mr) {
                     case 4: lin_tile(xp, K, 4, wp, wdt, NR, bias, op, N, n, pf, 0); break;
                     case 3: lin_tile(xp, K, 3, wp, wdt, NR, bias, op, N, n, pf, 0); break;
                     case 2: lin_tile(xp, K, 2, wp, wdt, NR, bias, op, N, n, pf, 0); break;
                     default: lin_tile(xp, K, 1, wp, wdt, NR, bias, op, N, n, pf, 0); break;
                     }
-                }
             } else {
                 lin_tile(xp, K, mr, wp, wdt, nr, bias, op, N, n, NULL, seq);
             }
