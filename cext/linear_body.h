@@ -90,7 +90,7 @@ static inline __attribute__((always_inline)) void lin_rows(
      * interleaved loop read 0.93-1.21x as fast at M = 1, 0.99-1.33x at M = 2 (fp32 1.0-1.08,
      * bf16 1.05-1.33) and 1.10-1.87x at M = 4, so from 2 rows it takes the interleaved
      * loop. */
-    const int seq = M == 1 && (int64_t)K <= 4096 && (int64_t)K * esz <= 8192;
+    const int seq = M == 1 && (int64_t)K * esz <= 8192;
     for (int n = n_lo; n < n_hi; n += NR) {
         const int nr = n_hi - n < NR ? n_hi - n : NR;
         const char *wp = (const char *)w + (int64_t)n * K * esz;
