@@ -203,6 +203,48 @@ def workload(args) -> str:
     return args.trace if os.path.exists(args.trace) else "random"
 
 
+# The flags that make one sweep comparable with another: what is replayed, against which
+# servers, at which rates, judged by which target. Every real compare.json records them
+# (``shape``); --simulate and --resummarize take them from the real sweep they work on
+# unless given (``resolve_shape``). Without this, a --simulate of a 200-request real
+# sweep that did not repeat --num-requests simulated the default 80 requests and
+# "validated" them against the 200 (2026-12-06: P99 TTFT 34-83% short, as if the
+# simulator were that wrong; its queues were only shorter).
+SHAPE = ("model", "trace", "num_requests", "clip_input", "clip_output", "gpu_kv_blocks",
+         "cpu_kv_gib", "max_num_seqs", "seed", "profile", "rates", "target_factor")
+UNSET = object()  # a shape flag's parsed value where it was not given
+
+
+def sweep_shape(args) -> dict:
+    """The SHAPE flags' values, as a compare.json records them (``rates`` as a list)."""
+    return {k: list(getattr(args, k)) if k == "rates" else getattr(args, k) for k in SHAPE}
+
+
+def resolve_shape(args, defaults: dict, reference: dict | None) -> list[str]:
+    """Fill every SHAPE flag that was not given (still UNSET) from ``reference``, the shape
+    of the real sweep this run simulates or resummarizes, or from ``defaults`` where there
+    is none (or it predates ``shape``). Returns, one line each, the flags given with a
+    value other than the reference's: such a run is not of the same sweep."""
+    ref = reference or {}
+    differ = []
+    for k in SHAPE:
+        given = getattr(args, k)
+        if given is UNSET:
+            setattr(args, k, ref[k] if k in ref else defaults[k])
+            continue
+        if k in ref and _shape_value(k, given) != _shape_value(k, ref[k]):
+            differ.append(f"--{k.replace('_', '-')} {given} (the real sweep: {ref[k]})")
+    args.rates = _shape_value("rates", args.rates)
+    return differ
+
+
+def _shape_value(key: str, value):
+    """``rates`` as a list of floats whether given as "2,4" or recorded as [2.0, 4.0]."""
+    if key == "rates" and isinstance(value, str):
+        return [float(x) for x in value.split(",")]
+    return value
+
+
 def simulate_policy(model: str, policy: str, jobs, args, profile: dict,
                     jitter_seed: int | None = None) -> list[dict]:
     """The same sweep on the virtual clock: the server's engine shape, the same offsets."""
@@ -451,7 +493,7 @@ def repeated_sweeps(model: str, jobs, policies, args) -> list[dict]:
         _, summary = summarize(runs, args.target_factor, real=True)
         (Path(rep_args.out) / "compare.json").write_text(
             json.dumps({"summary": summary, "runs": runs, "workload": workload(args),
-                        "sweeps": 1},
+                        "shape": sweep_shape(args), "sweeps": 1},
                        indent=2))
         reps.append(runs)
     return reps
@@ -503,6 +545,8 @@ def main() -> None:
     ap.add_argument("--resummarize", action="store_true",
                     help="run nothing: the median and the profile again from the sweeps a "
                          "--repeat run left in --out/rep1.. (say, with another --max-steal)")
+    defaults = {k: ap.get_default(k) for k in SHAPE}
+    ap.set_defaults(**dict.fromkeys(SHAPE, UNSET))
     args = ap.parse_args()
     if args.max_steal is not None and not 0.0 <= args.max_steal <= 1.0:
         raise SystemExit("compare_policies: --max-steal is a share of CPU time, 0 to 1")
@@ -511,8 +555,17 @@ def main() -> None:
                          "after it")
     if args.repeat < 1:
         raise SystemExit("compare_policies: --repeat must be at least 1")
-    args.rates = [float(x) for x in args.rates.split(",")]
     out = Path(args.out)
+    # the real sweep this run works on: --simulate validates against it, --resummarize
+    # rewrites its median
+    reference = (out / "compare.json" if args.simulate
+                 else out / "rep1" / "compare.json" if args.resummarize else None)
+    ref_shape = (json.loads(reference.read_text()).get("shape")
+                 if reference and reference.exists() else None)
+    differ = resolve_shape(args, defaults, ref_shape)
+    if differ and args.resummarize:
+        raise SystemExit(f"compare_policies: {', '.join(differ)}: --resummarize recomputes "
+                         "the sweeps as they ran; leave these out")
     model, jobs = prepare(args)
     policies = args.policies.split(",")
     extra = {}
@@ -549,16 +602,25 @@ def main() -> None:
     if args.simulate and (out / "compare.json").exists():
         real = json.loads((out / "compare.json").read_text())
         if real.get("workload", workload(args)) != workload(args):
-            print(f"compare_policies: the real sweep in {out} replayed {real['workload']}, "
-                  f"this one {workload(args)}: the validation compares different workloads",
-                  file=sys.stderr)
-        extra["validation"] = validation(real, results, args.target_factor)
-        extra["validation_real_sweeps"] = real.get("sweeps")
-        if warning := reference_warning(real, out):
-            print(warning, file=sys.stderr)
+            differ.append(f"this one replays {workload(args)} (the real sweep: "
+                          f"{real['workload']})")
+        if "shape" not in real:
+            print(f"compare_policies: {out}/compare.json predates recorded sweep shapes: "
+                  "this simulation takes its flags as given, not from the real sweep (give "
+                  "the real sweep's --num-requests, --rates, ... or its validation compares "
+                  "different workloads)", file=sys.stderr)
+        if differ:
+            print(f"compare_policies: {'; '.join(differ)}: not the real sweep in {out}, so "
+                  "no validation against it", file=sys.stderr)
+        else:
+            extra["validation"] = validation(real, results, args.target_factor)
+            extra["validation_real_sweeps"] = real.get("sweeps")
+            if warning := reference_warning(real, out):
+                print(warning, file=sys.stderr)
     sweeps = {} if args.simulate else {"sweeps": len(extra.get("repeats") or [0])}
     (out / f"{name}.json").write_text(json.dumps({"summary": summary, "runs": results,
-                                                  "workload": workload(args), **sweeps},
+                                                  "workload": workload(args),
+                                                  "shape": sweep_shape(args), **sweeps},
                                                  indent=2))
     plot_sweep(results, targets, out / f"{name}.png")
     emit({"bench": "compare_policies", "simulated": args.simulate, "policies": summary,
