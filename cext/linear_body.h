@@ -17,13 +17,17 @@
  * AVX-512 (one pass at 8 rows: 1.0-1.09x at 8 rows, 0.6-0.9x at 16 and 32), the seq loop up
  * to 8 rows (0.85x), the prefetch into L2 (1.0x) or two tiles ahead (1.0x), and from 24
  * rows of fp32 W the prefill GEMM's tile (gemm_body.h) on x packed per thread (0.55-0.8x at
- * 24-64 rows, 0.67-1.1x at 128). */
+ * 24-64 rows, 0.67-1.1x at 128). What did pay, once the prefetches went into L2: each pass
+ * prefetches its share of the next tile's rows (lin_rows), so the memory stays busy while
+ * the later passes compute; on a Zen 4 (2 threads, the 177 MB --past-llc bench model, the
+ * two alternated in one process) 1.12x at 8 rows, 1.27x at 16, 1.14x at 32 with fp32 W,
+ * 1.18x at 8 with bf16 W, level forced to AVX2 (FMA-bound there from 8 rows). */
 #define MR 4
 #define NR 4
 
 static inline __attribute__((always_inline)) void lin_tile(
     const float *x, int K, int mr, const char *w, int wdt, int nr, const float *bias,
-    float *out, int N, int n0, const char *pf, const int seq) {
+    float *out, int N, int n0, const char *pf, int pf_j0, int pf_j1, const int seq) {
     const int esz = dp_elem_size(wdt);
     VEC acc[MR][NR];
     for (int i = 0; i < MR; i++)
@@ -50,7 +54,7 @@ static inline __attribute__((always_inline)) void lin_tile(
              * this tile computes (measured: the hardware prefetchers alone leave M = 4..16
              * at half the bandwidth), into L2 (dp_prefetch_dram) */
             if (pf && (k * esz) % 64 == 0)
-                for (int j = 0; j < NR; j++)
+                for (int j = pf_j0; j < pf_j1; j++)
                     dp_prefetch_dram(pf + ((int64_t)j * K + k) * esz);
             VEC wv[NR];
             for (int j = 0; j < NR; j++)
@@ -98,22 +102,31 @@ static inline __attribute__((always_inline)) void lin_rows(
             const int mr = M - m < MR ? M - m : MR;
             const float *xp = x + (int64_t)m * K;
             float *op = out + (int64_t)m * N;
-            /* the first pass over this tile fetches the next tile (later passes hit L1),
-             * past this claim too: the thread's next claim is most often the next rows */
-            const char *pf = m == 0 && n + 2 * NR <= N ? wp + (int64_t)NR * K * esz : NULL;
+            /* The passes over this tile fetch the next tile (past this claim too: the
+             * thread's next claim is most often the next rows), each pass its share of the
+             * next tile's W rows, so the DRAM stream stays in flight through every pass
+             * (the later passes read this tile from L1 / L2). Fetched all by the first
+             * pass, the memory sat idle during the others: on a Zen 4 (2 threads, fp32) an
+             * 8-row step took the 4-row step's time plus the second pass's FMAs. */
+            const int p = m / MR, np = (M + MR - 1) / MR;
+            const char *pf = n + 2 * NR <= N ? wp + (int64_t)NR * K * esz : NULL;
+            const int j0 = p * NR / np, j1 = (p + 1) * NR / np;
             /* constant tile sizes let the compiler keep every accumulator in a register */
             if (nr == NR) {
                 if (seq)  /* one pass over the tile: W once, in order */
-                    lin_tile(xp, K, 1, wp, wdt, NR, bias, op, N, n, NULL, 1);
+                    lin_tile(xp, K, 1, wp, wdt, NR, bias, op, N, n, NULL, 0, 0, 1);
                 else
                     switch (mr) {
-                    case 4: lin_tile(xp, K, 4, wp, wdt, NR, bias, op, N, n, pf, 0); break;
-                    case 3: lin_tile(xp, K, 3, wp, wdt, NR, bias, op, N, n, pf, 0); break;
-                    case 2: lin_tile(xp, K, 2, wp, wdt, NR, bias, op, N, n, pf, 0); break;
-                    default: lin_tile(xp, K, 1, wp, wdt, NR, bias, op, N, n, pf, 0); break;
+#define DP_LIN_MR(r) \
+                    lin_tile(xp, K, r, wp, wdt, NR, bias, op, N, n, pf, j0, j1, 0); break;
+                    case 4: DP_LIN_MR(4)
+                    case 3: DP_LIN_MR(3)
+                    case 2: DP_LIN_MR(2)
+                    default: DP_LIN_MR(1)
+#undef DP_LIN_MR
                     }
             } else {
-                lin_tile(xp, K, mr, wp, wdt, nr, bias, op, N, n, NULL, seq);
+                lin_tile(xp, K, mr, wp, wdt, nr, bias, op, N, n, NULL, 0, 0, seq);
             }
         }
     }
