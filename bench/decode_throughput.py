@@ -7,12 +7,17 @@ steps are timed (batch build, all stages, sampling): greedy, or with --temperatu
 every row samples (seeded, the exponential race of sampling/sampler.py), as an OpenAI
 client's default request does. transformers runs batched ``generate`` on the same weights
 (sampling too when T > 0); its prefill time (measured with one new token) is subtracted.
-The roofline is B tokens per (weight bytes a step streams / measured DRAM read bandwidth);
-it is one only where the weights are well past the last-level cache
-(``weight_bytes_over_llc`` >= 2; --past-llc makes such a model: the default 167 MB one sits
-in a 300 MiB L3 and read at 1.8x this "roofline");
-``overhead_ms_per_step`` is a step's time beyond that (attention, the stages' compute beyond
-the weight reads, Python, sampling).
+A step has two floors (``step_floors``): streaming the weights (weight bytes over the
+measured DRAM read bandwidth; a floor only where the weights are well past the last-level
+cache, ``weight_bytes_over_llc`` >= 2; --past-llc makes such a model: the default 167 MB
+one sits in a 300 MiB L3 and read at 1.8x it) and the projections' multiply-adds (B x the
+projection weights' elements, at the path's measured vector-FMA rate on every thread's
+core, ``fma_per_core_per_s``; none where the projections run as AMX tile products). The
+roofline is the larger (``bound`` says which): at batch 32 of fp32 weights on a 2-core
+Zen 4 the FMAs take 2.3-2.7x as long as the weight reads, and a memory-only roofline there
+put the step at 0.23 of a speed no code could reach. ``overhead_ms_per_step`` is a step's
+time beyond the roofline (attention, Python, sampling, and whatever of the two floors does
+not overlap).
 """
 
 from __future__ import annotations
@@ -36,8 +41,25 @@ from dualpace.kv.cache import KVCache
 from dualpace.model.batch import SeqChunk, build_forward_batch
 from dualpace.model.config import load_model_config
 from dualpace.model.stages import StagedModel
-from dualpace.model.weights import iter_weight_bytes, load_weights
+from dualpace.model.weights import iter_streamed_weights, load_weights
 from dualpace.sampling.sampler import SamplingRow, sample
+
+AMX_MIN_ROWS = 4  # cext/dp_internal.h DP_AMX_MIN_ROWS: bf16 projections of this many rows
+# or more run as AMX tile products on the amx path
+
+
+def step_floors(weight_bytes: int, projection_params: int, batch: int, dram_bw: float,
+                fma_per_s: float | None, lanes: int | None, threads: int) -> dict:
+    """A decode step's floors in seconds: ``memory``, streaming ``weight_bytes`` at
+    ``dram_bw`` bytes/s; ``fma``, ``batch`` x ``projection_params`` multiply-adds as vector
+    FMAs of ``lanes`` lanes at ``fma_per_s`` a core on ``threads`` cores (None without a
+    rate: tile products, or no vector FMAs); ``roofline``, the larger, and ``bound``, which."""
+    memory = weight_bytes / dram_bw
+    fma = (batch * projection_params / lanes / (fma_per_s * threads)
+           if fma_per_s and lanes else None)
+    if fma is not None and fma > memory:
+        return {"memory": memory, "fma": fma, "roofline": fma, "bound": "fma"}
+    return {"memory": memory, "fma": fma, "roofline": memory, "bound": "memory"}
 
 
 def ours_tokens_per_s(model, cfg, batch: int, prompt_len: int, steps: int, repeats: int,
@@ -139,22 +161,33 @@ def main() -> None:
         dtype_name = "bfloat16" if cpu_kernels.cpu_features()["amx_bf16"] else "float32"
     dtype = getattr(torch, dtype_name)
     weights = load_weights(path, cfg, dtype)
-    weight_bytes = sum(iter_weight_bytes(weights))
+    streamed = list(iter_streamed_weights(weights))
+    weight_bytes = sum(t.numel() * t.element_size() for t in streamed)
+    projection_params = sum(t.numel() for t in streamed if t.dim() == 2)  # not the norms
     model = StagedModel(cfg, weights, args.prompt_len + args.steps + 8)
     threads = cpu_kernels.num_threads()
     # the reference read past the cache too, or part of it comes from there
     bw = dram_read_bandwidth(threads, mib=max(512, 2 * (llc or 0) >> 20))
+    isa = cpu_kernels.resolve_isa()
+    try:
+        fma_per_s, lanes = cpu_kernels.fma_rate(isa)
+    except ValueError:  # the scalar path: no vector FMAs to measure
+        fma_per_s, lanes = None, None
     results = []
     for b in (int(x) for x in args.batch_sizes.split(",")):
         ours = ours_tokens_per_s(model, cfg, b, args.prompt_len, args.steps, args.repeats,
                                  args.temperature)
-        roof = b * bw / weight_bytes
-        # A step makes b tokens: its time against the weight-streaming roofline's.
-        step, roof_step = b / ours, weight_bytes / bw
+        tiles = isa == "amx" and dtype == torch.bfloat16 and b >= AMX_MIN_ROWS
+        floors = step_floors(weight_bytes, projection_params, b, bw,
+                             None if tiles else fma_per_s, lanes, threads)
+        # A step makes b tokens: its time against the roofline's.
+        step, roof_step = b / ours, floors["roofline"]
         row = {"batch": b, "ours_tokens_per_s": round(ours, 1),
-               "roofline_tokens_per_s": round(roof, 1),
-               "ours_vs_roofline": round(ours / roof, 3),
+               "roofline_tokens_per_s": round(b / roof_step, 1),
+               "ours_vs_roofline": round(roof_step / step, 3), "bound": floors["bound"],
                "step_ms": round(step * 1e3, 2), "roofline_step_ms": round(roof_step * 1e3, 2),
+               "weight_read_ms": round(floors["memory"] * 1e3, 2),
+               "fma_ms": round(floors["fma"] * 1e3, 2) if floors["fma"] else None,
                "overhead_ms_per_step": round((step - roof_step) * 1e3, 2)}
         if not args.no_hf:
             hf = hf_tokens_per_s(path, b, args.prompt_len, args.steps, args.repeats,
@@ -168,10 +201,12 @@ def main() -> None:
         "dtype": dtype_name, "native_stages": model.why_native or "yes",
         "threads": threads, "torch_threads": torch.get_num_threads(),
         "dram_read_gb_per_s": round(bw / 1e9, 1), "cpu": cpu_model() or "?",
+        "fma_per_core_per_s": round(fma_per_s) if fma_per_s else None, "fma_lanes": lanes,
+        "projection_params": projection_params,
         "llc_bytes": llc,
         # below 2 the last-level cache holds much of the weights: no DRAM roofline
         "weight_bytes_over_llc": round(weight_bytes / llc, 2) if llc else None,
-        "isa": cpu_kernels.resolve_isa(), "prompt_len": args.prompt_len, "steps": args.steps,
+        "isa": isa, "prompt_len": args.prompt_len, "steps": args.steps,
         "temperature": args.temperature,
         "results": results,
     }, args.json)

@@ -208,10 +208,10 @@ def load_weights(
     return ModelWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
 
 
-def iter_weight_bytes(weights: ModelWeights) -> Iterator[int]:
-    """Bytes of every distinct weight tensor a decode step streams (the weight-streaming
-    roofline's numerator): all but the embedding table, of which a step reads only its
-    tokens' rows, unless it is tied to the LM head (then it is the LM head, read whole)."""
+def iter_streamed_weights(weights: ModelWeights) -> Iterator[torch.Tensor]:
+    """Every distinct weight tensor a decode step streams: all but the embedding table, of
+    which a step reads only its tokens' rows, unless it is tied to the LM head (then it is
+    the LM head, read whole)."""
     seen: set[int] = set()
     tensors = [weights.final_norm, weights.lm_head]  # tied: lm_head is the embedding
     for layer in weights.layers:
@@ -219,4 +219,11 @@ def iter_weight_bytes(weights: ModelWeights) -> Iterator[int]:
     for t in tensors:
         if id(t) not in seen:
             seen.add(id(t))
-            yield t.numel() * t.element_size()
+            yield t
+
+
+def iter_weight_bytes(weights: ModelWeights) -> Iterator[int]:
+    """Bytes of each tensor a decode step streams (``iter_streamed_weights``): the
+    weight-streaming roofline's numerator."""
+    for t in iter_streamed_weights(weights):
+        yield t.numel() * t.element_size()
