@@ -65,3 +65,34 @@ def test_validation_compares_at_the_real_runs_targets():
     assert v["dualpace"]["per_rate"]["2.0"]["p99_ttft_ms"] == {"real": 100, "simulated": 110,
                                                                 "error": 0.1}
     assert v["gpu-only"]["per_rate"]["8.0"]["engine_p99_itl_ms"]["error"] == 0.0
+
+
+def test_validation_gives_the_real_sweeps_range_and_whether_the_simulation_is_inside():
+    from compare_policies import validation
+
+    reps = [{"gpu-only": _runs((0.01, 0.02, 0.06), (100, 150, 900))},
+            {"gpu-only": _runs((0.01, 0.02, 0.06), (90, 300, 700))},
+            {"gpu-only": _runs((0.01, 0.02, 0.06), (120, 200, 1000))}]
+    del reps[2]["gpu-only"][2]["engine_p99_itl_ms"]  # a sweep that did not record one
+    real = {"runs": {"gpu-only": _runs((0.01, 0.02, 0.06), (100, 200, 800))}}
+    sim = {"gpu-only": _runs((0.01, 0.025, 0.06), (130, 250, 750))}
+    v = validation(real, sim, factor=3.0, reps=reps)["gpu-only"]
+    ttft = v["per_rate"]
+    # at 2 req/s the sweeps ran 90-120 ms: 130 is outside, 30% above the median
+    assert ttft["2.0"]["p99_ttft_ms"] == {"real": 100, "simulated": 130, "error": 0.3,
+                                          "real_range": [90, 120],
+                                          "within_real_range": False}
+    # at 4 req/s 150-300: 250 inside, though 25% above the median
+    assert ttft["4.0"]["p99_ttft_ms"]["real_range"] == [150, 300]
+    assert ttft["4.0"]["p99_ttft_ms"]["within_real_range"] is True
+    assert ttft["8.0"]["p99_ttft_ms"]["real_range"] == [700, 1000]
+    # a sweep without the value counts as none: the others' range
+    assert ttft["8.0"]["engine_p99_itl_ms"]["real_range"] == [5.0, 5.0]
+    # every sweep crosses the 0.03 s/token target at 5 req/s: a range of one value
+    assert v["sustainable_rate"]["real_range"] == [pytest.approx(5.0)] * 2
+    assert v["sustainable_rate"]["within_real_range"] is False
+    # without the sweeps (or with one) the entries say nothing of a range
+    assert "real_range" not in validation(real, sim, factor=3.0)["gpu-only"][
+        "sustainable_rate"]
+    assert "real_range" not in validation(real, sim, 3.0, reps[:1])["gpu-only"]["per_rate"][
+        "2.0"]["p99_ttft_ms"]
