@@ -584,6 +584,11 @@ def main() -> None:
     if differ and args.resummarize:
         raise SystemExit(f"compare_policies: {', '.join(differ)}: --resummarize recomputes "
                          "the sweeps as they ran; leave these out")
+    if args.resummarize and reference.exists() and ref_shape is None:
+        print(f"compare_policies: {reference} predates recorded sweep shapes: the "
+              "compare.json written here records the flags as given (give the sweeps' own "
+              "--num-requests, --rates, ... or a later --simulate replays another workload)",
+              file=sys.stderr)
     model, jobs = prepare(args)
     policies = args.policies.split(",")
     extra = {}

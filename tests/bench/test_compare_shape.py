@@ -141,3 +141,24 @@ def test_resummarize_refuses_flags_that_differ_from_the_sweeps_it_reads(tmp_path
     with pytest.raises(SystemExit, match=r"--rates 2,4 \(the real sweep: \[3.0, 6.0\]\).*"
                                          "--resummarize"):
         compare_policies.main()
+
+
+def test_resummarize_of_sweeps_without_a_recorded_shape_says_so(tmp_path, monkeypatch,
+                                                                capsys):
+    import compare_policies
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text(TRACE_ROWS)
+    rep = tmp_path / "out" / "rep1"
+    rep.mkdir(parents=True)
+    (rep / "compare.json").write_text(json.dumps({"runs": {}, "workload": str(trace)}))
+
+    def stop(*a):
+        raise _Stop
+
+    monkeypatch.setattr(compare_policies, "prepare", stop)
+    monkeypatch.setattr(sys, "argv", ["compare_policies.py", "--resummarize", "--out",
+                                      str(tmp_path / "out")])
+    with pytest.raises(_Stop):
+        compare_policies.main()
+    assert "predates recorded sweep shapes" in capsys.readouterr().err
