@@ -312,7 +312,8 @@ def _spread(real: float | None, sim: float | None, values: list) -> dict:
     nums = [v for v in values if v is not None]
     if len(values) > 1 and nums:
         entry["real_range"] = [min(nums), max(nums)]
-        entry["within_real_range"] = sim is not None and min(nums) <= sim <= max(nums)
+        # a plain bool: interpolated rates are numpy floats, and numpy's bool is no JSON
+        entry["within_real_range"] = bool(sim is not None and min(nums) <= sim <= max(nums))
     return entry
 
 

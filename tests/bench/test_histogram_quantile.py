@@ -68,6 +68,9 @@ def test_validation_compares_at_the_real_runs_targets():
 
 
 def test_validation_gives_the_real_sweeps_range_and_whether_the_simulation_is_inside():
+    import json
+
+    import numpy as np
     from compare_policies import validation
 
     reps = [{"gpu-only": _runs((0.01, 0.02, 0.06), (100, 150, 900))},
@@ -75,8 +78,11 @@ def test_validation_gives_the_real_sweeps_range_and_whether_the_simulation_is_in
             {"gpu-only": _runs((0.01, 0.02, 0.06), (120, 200, 1000))}]
     del reps[2]["gpu-only"][2]["engine_p99_itl_ms"]  # a sweep that did not record one
     real = {"runs": {"gpu-only": _runs((0.01, 0.02, 0.06), (100, 200, 800))}}
-    sim = {"gpu-only": _runs((0.01, 0.025, 0.06), (130, 250, 750))}
-    v = validation(real, sim, factor=3.0, reps=reps)["gpu-only"]
+    # the simulator's numbers come out of numpy
+    sim = {"gpu-only": _runs((0.01, 0.025, 0.06), np.array((130.0, 250.0, 750.0)))}
+    full = validation(real, sim, factor=3.0, reps=reps)
+    # as --simulate prints it: numpy's values (the interpolated rates) must serialize
+    v = json.loads(json.dumps(full))["gpu-only"]
     ttft = v["per_rate"]
     # at 2 req/s the sweeps ran 90-120 ms: 130 is outside, 30% above the median
     assert ttft["2.0"]["p99_ttft_ms"] == {"real": 100, "simulated": 130, "error": 0.3,
