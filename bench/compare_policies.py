@@ -422,13 +422,65 @@ def _fit_deliveries(served: dict[str, list], clients: dict[str, list]) -> dict:
     return {"delivery": pooled, "delivery_by_policy": own}
 
 
+# Sweeps whose paces (sweep_paces) differ by more than this factor are warned of. On the Zen
+# 4 box (2026-12-06) consistent sweeps ran 1.04-1.08x apart, and the sweep whose P99 ITL
+# ran 1.5x the others' was 1.20x apart from the fastest.
+PACE_SPREAD = 1.15
+
+
+def sweep_paces(steps: dict[str, dict[str, list]], fits: dict) -> dict:
+    """Per policy and sweep (``steps[policy][sweep]``: its step-log records), the sweep's
+    pace: its steps' measured seconds over the seconds the policy's fit (``fits[policy]``,
+    fitted to every sweep's steps together) prices them at (``record_seconds``). 1 is the
+    pooled average; a sweep that ran on a slower box, or a slower stretch of one, is above
+    it, and its steps then set the pooled jitter tables' tails."""
+    from dualpace.runtime.routing import NEO_PIPELINE
+    from dualpace.sim.costs import FittedCosts, record_seconds
+
+    out: dict = {}
+    for p, by_sweep in steps.items():
+        if not (fits.get(p) or {}).get("gpu"):
+            continue
+        costs = FittedCosts(fits[p])
+        out[p] = {}
+        for name, records in by_sweep.items():
+            # the gated pipeline's CPU steps are priced at their attention, not at their
+            # logged time (FittedCosts.cpu_step): their pace would not be 1 on average
+            rs = [r for r in records if r["kind"] == "gpu"
+                  or (r["kind"] == "cpu" and r["route"] != NEO_PIPELINE)]
+            priced = sum(record_seconds(costs, r) for r in rs)
+            if priced > 0:
+                out[p][name] = round(sum(r["seconds"] for r in rs) / priced, 3)
+    return out
+
+
+def pace_warning(paces: dict) -> str | None:
+    """What the fit says when a policy's sweeps ran more than PACE_SPREAD apart: on the Zen
+    4 box (2026-12-06) one of three sweeps ran dualpace's P99 inter-token latency 1.5x the
+    others' (its steps 1.11x the pooled fit, the fastest sweep's 0.93x), and the profile
+    pooled from all three put the simulated P99 ITL 20-41% above the three sweeps' median;
+    fitted from the other two it came within 9%."""
+    apart = [f"{p}: " + ", ".join(f"{n} {v:.2f}x" for n, v in by.items())
+             for p, by in paces.items()
+             if len(by) > 1 and max(by.values()) > PACE_SPREAD * min(by.values())]
+    if not apart:
+        return None
+    return ("compare_policies: the sweeps ran at different paces (their steps' time over the "
+            f"pooled fit's), more than {PACE_SPREAD}x apart: {'; '.join(apart)}. The "
+            "profile's tails pool the slow sweep's steps while the real median leaves that "
+            "sweep out; to validate against the consistent sweeps, copy them into a "
+            "directory of their own and --resummarize there")
+
+
 def fit_measured_profile(policies, args, sweeps: list[tuple[Path, dict]]) -> Path:
     """The step costs of every policy's server, fitted together over ``sweeps`` (each: the
     directory with its step logs and that sweep's runs by policy): --out/profile-measured.json.
     With ``--max-steal``, only the steps logged during quiet points count (``quiet``): a step
     that lost its core to another guest says nothing about this runtime, and the tables of
     the spread around the fit (``jitter_table``) then had 99th percentiles of 3-7x and
-    outliers of 10-47x the fit on a noisy day, against 2-4x on a quiet one."""
+    outliers of 10-47x the fit on a noisy day, against 2-4x on a quiet one. With several
+    sweeps, each one's pace against the fit goes in as ``sweep_paces`` and sweeps far apart
+    are warned of (``pace_warning``)."""
     from dualpace.profile_file import PROFILE_FORMAT
     from dualpace.sim.costs import OVERLAP, fit_step_costs
 
@@ -436,6 +488,7 @@ def fit_measured_profile(policies, args, sweeps: list[tuple[Path, dict]]) -> Pat
     by_policy: dict[str, list] = {}
     served: dict[str, list] = {}  # each policy's engine request records ...
     clients: dict[str, list] = {}  # ... and the client's times of the same requests
+    per_sweep: dict[str, dict[str, list]] = {}  # each policy's steps by sweep
     for p in policies:
         for d, runs in sweeps:
             log = step_log(p, d)
@@ -447,6 +500,7 @@ def fit_measured_profile(policies, args, sweeps: list[tuple[Path, dict]]) -> Pat
                 if max_steal is not None:
                     records = _quiet_steps(records, runs.get(p, []), max_steal, log)
                 by_policy.setdefault(p, []).extend(records)
+                per_sweep.setdefault(p, {})[d.name] = records
     prof = json.loads(Path(args.profile).read_text()) if args.profile else {}
     pooled = [s for v in by_policy.values() for s in v]
     with_gpu = {p: v for p, v in by_policy.items() if any(s["kind"] == "gpu" for s in v)}
@@ -459,6 +513,10 @@ def fit_measured_profile(policies, args, sweeps: list[tuple[Path, dict]]) -> Pat
             "step_costs_contended_by_policy": {p: fit_step_costs(v, contention=True)
                                                for p, v in with_gpu.items()}})
     prof.update(_fit_deliveries(served, clients))
+    if len(sweeps) > 1:
+        prof["sweep_paces"] = sweep_paces(per_sweep, prof["step_costs_by_policy"])
+        if warning := pace_warning(prof["sweep_paces"]):
+            print(warning, file=sys.stderr)
     path = Path(args.out) / "profile-measured.json"
     path.write_text(json.dumps(prof, indent=1))
     return path

@@ -525,6 +525,17 @@ class FittedCosts:
         return CpuStepCost(t, min(att, t), 0.0)
 
 
+def record_seconds(costs: FittedCosts, record: dict) -> float:
+    """The seconds ``costs`` prices a logged step at (a step-log record, as fit_step_costs
+    reads it): a GPU step by its work and whether it ran beside a CPU step, a CPU step by
+    its batch, context and route. No jitter."""
+    if record["kind"] == "gpu":
+        w = GpuStepWork(**{f: record[f] for f in GPU_FEATURES if f != "prefill_step"})
+        return costs.gpu_step(w, bool(record.get("beside")))
+    return costs.cpu_step(CpuStepWork(record["batch"], record["context"],
+                                      record["route"])).seconds
+
+
 # --- from a hardware description ---------------------------------------------------------------
 class RooflineCosts:
     """Per-stage rooflines (seconds), each formula a method so tests can check it by hand:
