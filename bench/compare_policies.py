@@ -643,11 +643,10 @@ def main() -> None:
     if differ and args.resummarize:
         raise SystemExit(f"compare_policies: {', '.join(differ)}: --resummarize recomputes "
                          "the sweeps as they ran; leave these out")
-    if args.resummarize and reference.exists() and ref_shape is None:
-        print(f"compare_policies: {reference} predates recorded sweep shapes: the "
-              "compare.json written here records the flags as given (give the sweeps' own "
-              "--num-requests, --rates, ... or a later --simulate replays another workload)",
-              file=sys.stderr)
+    if reference and reference.exists() and ref_shape is None:
+        print(f"compare_policies: {reference} predates recorded sweep shapes: this run takes "
+              "its flags as given (give the real sweep's own --num-requests, --rates, ..., or "
+              "it works on another workload than that sweep's)", file=sys.stderr)
     model, jobs = prepare(args)
     policies = args.policies.split(",")
     extra = {}
@@ -686,20 +685,13 @@ def main() -> None:
         if real.get("workload", workload(args)) != workload(args):
             differ.append(f"this one replays {workload(args)} (the real sweep: "
                           f"{real['workload']})")
-        if "shape" not in real:
-            print(f"compare_policies: {out}/compare.json predates recorded sweep shapes: "
-                  "this simulation takes its flags as given, not from the real sweep (give "
-                  "the real sweep's --num-requests, --rates, ... or its validation compares "
-                  "different workloads)", file=sys.stderr)
         if differ:
             print(f"compare_policies: {'; '.join(differ)}: not the real sweep in {out}, so "
                   "no validation against it", file=sys.stderr)
         else:
             # the sweeps the real median was taken of, where they are still beside it
-            reps = (saved_sweeps(out, [])
-                    if real.get("sweeps", 1) > 1 and (out / "rep1" / "compare.json").exists()
-                    else [])
-            if len(reps) != real.get("sweeps"):
+            reps = saved_sweeps(out, []) if (out / "rep1" / "compare.json").exists() else []
+            if len(reps) != real.get("sweeps"):  # left from another run
                 reps = []
             extra["validation"] = validation(real, results, args.target_factor, reps)
             extra["validation_real_sweeps"] = real.get("sweeps")

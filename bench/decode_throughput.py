@@ -12,7 +12,7 @@ measured DRAM read bandwidth; a floor only where the weights are well past the l
 cache, ``weight_bytes_over_llc`` >= 2; --past-llc makes such a model: the default 167 MB
 one sits in a 300 MiB L3 and read at 1.8x it) and the projections' multiply-adds (B x the
 projection weights' elements, at the path's measured vector-FMA rate on every thread's
-core, ``fma_per_core_per_s``; none where the projections run as AMX tile products). The
+core, ``fma_per_core_per_s``; tile products on the amx path are left out). The
 roofline is the larger (``bound`` says which): at batch 32 of fp32 weights on a 2-core
 Zen 4 the FMAs take 2.3-2.7x as long as the weight reads, and a memory-only roofline there
 put the step at 0.23 of a speed no code could reach. ``overhead_ms_per_step`` is a step's
@@ -44,16 +44,14 @@ from dualpace.model.stages import StagedModel
 from dualpace.model.weights import iter_streamed_weights, load_weights
 from dualpace.sampling.sampler import SamplingRow, sample
 
-AMX_MIN_ROWS = 4  # cext/dp_internal.h DP_AMX_MIN_ROWS: bf16 projections of this many rows
-# or more run as AMX tile products on the amx path
-
 
 def step_floors(weight_bytes: int, projection_params: int, batch: int, dram_bw: float,
                 fma_per_s: float | None, lanes: int | None, threads: int) -> dict:
     """A decode step's floors in seconds: ``memory``, streaming ``weight_bytes`` at
-    ``dram_bw`` bytes/s; ``fma``, ``batch`` x ``projection_params`` multiply-adds as vector
-    FMAs of ``lanes`` lanes at ``fma_per_s`` a core on ``threads`` cores (None without a
-    rate: tile products, or no vector FMAs); ``roofline``, the larger, and ``bound``, which."""
+    ``dram_bw`` bytes/s; ``fma``, ``batch`` x ``projection_params`` (the weights of the
+    projections that run as FMAs) multiply-adds as vector FMAs of ``lanes`` lanes at
+    ``fma_per_s`` a core on ``threads`` cores (None without a rate: the scalar path);
+    ``roofline``, the larger, and ``bound``, which."""
     memory = weight_bytes / dram_bw
     fma = (batch * projection_params / lanes / (fma_per_s * threads)
            if fma_per_s and lanes else None)
@@ -163,7 +161,8 @@ def main() -> None:
     weights = load_weights(path, cfg, dtype)
     streamed = list(iter_streamed_weights(weights))
     weight_bytes = sum(t.numel() * t.element_size() for t in streamed)
-    projection_params = sum(t.numel() for t in streamed if t.dim() == 2)  # not the norms
+    projections = [t for t in streamed if t.dim() == 2]  # not the norms
+    projection_params = sum(t.numel() for t in projections)
     model = StagedModel(cfg, weights, args.prompt_len + args.steps + 8)
     threads = cpu_kernels.num_threads()
     # the reference read past the cache too, or part of it comes from there
@@ -177,9 +176,10 @@ def main() -> None:
     for b in (int(x) for x in args.batch_sizes.split(",")):
         ours = ours_tokens_per_s(model, cfg, b, args.prompt_len, args.steps, args.repeats,
                                  args.temperature)
-        tiles = isa == "amx" and dtype == torch.bfloat16 and b >= AMX_MIN_ROWS
-        floors = step_floors(weight_bytes, projection_params, b, bw,
-                             None if tiles else fma_per_s, lanes, threads)
+        # tile products (the amx path's bf16 projections of enough rows) are no FMAs
+        fma_params = sum(t.numel() for t in projections
+                         if not cpu_kernels.linear_uses_amx(t.dtype, b, t.shape[1], isa=isa))
+        floors = step_floors(weight_bytes, fma_params, b, bw, fma_per_s, lanes, threads)
         # A step makes b tokens: its time against the roofline's.
         step, roof_step = b / ours, floors["roofline"]
         row = {"batch": b, "ours_tokens_per_s": round(ours, 1),
@@ -187,7 +187,7 @@ def main() -> None:
                "ours_vs_roofline": round(roof_step / step, 3), "bound": floors["bound"],
                "step_ms": round(step * 1e3, 2), "roofline_step_ms": round(roof_step * 1e3, 2),
                "weight_read_ms": round(floors["memory"] * 1e3, 2),
-               "fma_ms": round(floors["fma"] * 1e3, 2) if floors["fma"] else None,
+               "fma_ms": round(floors["fma"] * 1e3, 2) if floors["fma"] is not None else None,
                "overhead_ms_per_step": round((step - roof_step) * 1e3, 2)}
         if not args.no_hf:
             hf = hf_tokens_per_s(path, b, args.prompt_len, args.steps, args.repeats,

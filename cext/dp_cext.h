@@ -51,6 +51,9 @@ int64_t dp_bf16_dot_probe(int64_t iters, double *sink);
  * (bias may be NULL); W fp32, bf16 or fp16; K a multiple of 16. Bound by reading W. */
 int dp_linear(const float *x, int M, int K, const void *w, int w_dtype, int N,
               const float *bias, float *out, int isa, int num_threads);
+/* 1 when dp_linear on ``isa`` runs x[M,K] @ W^T of this weight dtype as AMX tile products
+ * (bf16 W, DP_AMX_MIN_ROWS rows or more, K a multiple of 32), 0 when as vector FMAs. */
+int dp_linear_uses_amx(int isa, int w_dtype, int M, int K);
 
 /* Prefill-sized GEMM (gemm.c): out[M,N] = add[M,N] + x[M,K] @ W[N,K]^T + bias[N], all fp32
  * (add and bias may be NULL; add may be out itself). Bound by FMAs: x is packed into panels

@@ -28,6 +28,10 @@ int dp_linear(const float *x, int M, int K, const void *w, int w_dtype, int N,
     return 0;
 }
 
+int dp_linear_uses_amx(int isa, int w_dtype, int M, int K) {
+    return dp_use_amx(isa, w_dtype, M, K);
+}
+
 /* A buffer of at least ``bytes`` owned by the calling thread, grown as needed and kept: the
  * AMX path's packed x (dp_amx_buffer) and the prefill GEMM's panels (gemm.c) were allocated
  * and freed per projection before, and a buffer above malloc's mmap threshold faulted its

@@ -95,6 +95,7 @@ static inline __attribute__((always_inline)) void lin_rows(
      * bf16 1.05-1.33) and 1.10-1.87x at M = 4, so from 2 rows it takes the interleaved
      * loop. */
     const int seq = M == 1 && (int64_t)K * esz <= 8192;
+    const int np = (M + MR - 1) / MR;  /* passes over each tile */
     for (int n = n_lo; n < n_hi; n += NR) {
         const int nr = n_hi - n < NR ? n_hi - n : NR;
         const char *wp = (const char *)w + (int64_t)n * K * esz;
@@ -108,7 +109,7 @@ static inline __attribute__((always_inline)) void lin_rows(
              * (the later passes read this tile from L1 / L2). Fetched all by the first
              * pass, the memory sat idle during the others: on a Zen 4 (2 threads, fp32) an
              * 8-row step took the 4-row step's time plus the second pass's FMAs. */
-            const int p = m / MR, np = (M + MR - 1) / MR;
+            const int p = m / MR;
             const char *pf = n + 2 * NR <= N ? wp + (int64_t)NR * K * esz : NULL;
             const int j0 = p * NR / np, j1 = (p + 1) * NR / np;
             /* constant tile sizes let the compiler keep every accumulator in a register */

@@ -376,6 +376,17 @@ def set_bf16_dot(enabled: bool | None = None) -> bool:
     return bool(enabled)
 
 
+def linear_uses_amx(w_dtype: torch.dtype, rows: int, k: int, *, isa: str | None = None
+                    ) -> bool:
+    """Whether ``linear`` on the ISA path ``isa`` (resolved as there) runs ``rows`` rows of
+    x over a weight of ``w_dtype`` and in-features ``k`` as AMX tile products rather than
+    vector FMAs (cext/dp_internal.h dp_use_amx)."""
+    _, lib = require()
+    if w_dtype not in DTYPE_CODES:
+        return False
+    return bool(lib.dp_linear_uses_amx(ISAS[resolve_isa(isa)], DTYPE_CODES[w_dtype], rows, k))
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            *, isa: str | None = None) -> torch.Tensor:
     """x [M, K] fp32 @ weight [N, K]^T (+ bias [N] fp32) -> [M, N] fp32.

@@ -23,7 +23,7 @@ import base64
 import bisect
 import itertools
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Protocol
 
 import numpy as np
@@ -530,7 +530,7 @@ def record_seconds(costs: FittedCosts, record: dict) -> float:
     reads it): a GPU step by its work and whether it ran beside a CPU step, a CPU step by
     its batch, context and route. No jitter."""
     if record["kind"] == "gpu":
-        w = GpuStepWork(**{f: record[f] for f in GPU_FEATURES if f != "prefill_step"})
+        w = GpuStepWork(**{f.name: record[f.name] for f in fields(GpuStepWork)})
         return costs.gpu_step(w, bool(record.get("beside")))
     return costs.cpu_step(CpuStepWork(record["batch"], record["context"],
                                       record["route"])).seconds

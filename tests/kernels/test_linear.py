@@ -75,6 +75,22 @@ def test_linear_rejects_bad_shapes():
         cpu_kernels.linear(torch.randn(2, 32), torch.randn(3, 16))
 
 
+def test_the_kernels_answer_which_projections_take_the_tiles_by_the_documented_rule():
+    """dp_linear_uses_amx (what bench/decode_throughput.py leaves out of its FMA floor) says
+    tiles exactly where tile_rows does, on every path code (the rule, not the CPU: it runs
+    without AMX too), and the Python wrapper agrees on the paths this CPU has."""
+    _, lib = cpu_kernels.require()
+    for isa, code in cpu_kernels.ISAS.items():
+        for dt, dcode in cpu_kernels.DTYPE_CODES.items():
+            for M in range(1, 9):
+                for K in (32, 48, 64, 4096):
+                    want = tile_rows(isa, dt, M, 16, K) > 0
+                    assert bool(lib.dp_linear_uses_amx(code, dcode, M, K)) == want, (
+                        isa, dt, M, K)
+                    if isa in ISAS:
+                        assert cpu_kernels.linear_uses_amx(dt, M, K, isa=isa) == want
+
+
 @needs_amx
 def test_amx_path_changes_only_the_projections_it_names(monkeypatch):
     """Forcing ``amx`` leaves fp32 and fp16 weights, and bf16 below 4 rows, to the AVX-512
