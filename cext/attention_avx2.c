@@ -145,6 +145,7 @@ double dp_stream_read_avx2(const float *buf, int64_t n) {
 #include "fma_probe_body.h"
 
 #define LINEAR_FN dp_linear_avx2
+#define LIN_NR_DEEP 3  /* 16 ymm: a 4 x 3 tile from 4 rows of x (linear_body.h) */
 #include "linear_body.h"
 
 #define GEMM_NR DP_GEMM_NR_AVX2

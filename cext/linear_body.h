@@ -23,11 +23,24 @@
  * two alternated in one process) 1.12x at 8 rows, 1.27x at 16, 1.14x at 32 with fp32 W,
  * 1.18x at 8 with bf16 W, level forced to AVX2 (FMA-bound there from 8 rows). */
 #define MR 4
-#define NR 4
+#define NR 4  /* the widest tile; the array dimension of the accumulators */
+/* The tile's width (W rows) from LIN_NR_FULL rows of x on, where the tile is MR x-rows deep:
+ * the ISA file may narrow it to fit its registers. AVX2 has 16 ymm, and a 4 x 4 tile's 16
+ * accumulators beside 4 W vectors and an x vector spilled accumulators to the stack every
+ * step; 4 x 3 (12 + 3 + 1) fits. Measured on a Zen 3 (AVX2, one thread, fp32 W, the
+ * comparison model's projections and a 4096 x 4096 one, W cycled past the L3): 1.1x at 4
+ * rows, 1.3-1.4x at 8, 1.45-1.75x at 32; bf16 W 1.0-1.1x at 4, 1.1-1.3x at 8, 0.95-1.15x
+ * at 32. Under 4 rows the tile is at most 3 deep and 4 wide fits (2 x 4 with 3 wide ran
+ * 0.65-0.9x), so narrower tiles start at LIN_NR_FULL rows. */
+#ifndef LIN_NR_DEEP
+#define LIN_NR_DEEP NR
+#endif
+#define LIN_NR_FULL 4
 
 static inline __attribute__((always_inline)) void lin_tile(
     const float *x, int K, int mr, const char *w, int wdt, int nr, const float *bias,
-    float *out, int N, int n0, const char *pf, int pf_j0, int pf_j1, const int seq) {
+    float *out, int N, int n0, const char *pf, int pf_j0, int pf_j1, const int seq,
+    const int NRT) {
     const int esz = dp_elem_size(wdt);
     VEC acc[MR][NR];
     for (int i = 0; i < MR; i++)
@@ -37,7 +50,7 @@ static inline __attribute__((always_inline)) void lin_tile(
          * per thread, which the hardware prefetchers follow on their own. The same
          * accumulators in the same order as the interleaved loop below, so the same sums
          * to the bit. */
-        for (int j = 0; j < NR; j++) {
+        for (int j = 0; j < NRT; j++) {
             if (j >= nr) break;
             const char *wj = w + (int64_t)j * K * esz;
             for (int k = 0; k < K; k += VW) {
@@ -57,12 +70,12 @@ static inline __attribute__((always_inline)) void lin_tile(
                 for (int j = pf_j0; j < pf_j1; j++)
                     dp_prefetch_dram(pf + ((int64_t)j * K + k) * esz);
             VEC wv[NR];
-            for (int j = 0; j < NR; j++)
+            for (int j = 0; j < NRT; j++)
                 wv[j] = j < nr ? vload_w(w + ((int64_t)j * K + k) * esz, wdt) : vzero();
             for (int i = 0; i < MR; i++) {
                 if (i >= mr) break;
                 const VEC xv = vloadu(x + (int64_t)i * K + k);
-                for (int j = 0; j < NR; j++)
+                for (int j = 0; j < NRT; j++)
                     if (j < nr) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
             }
         }
@@ -78,11 +91,27 @@ static inline __attribute__((always_inline)) void lin_tile(
             out[(int64_t)i * N + n0 + j] = vreduce_add(acc[i][j]) + (bias ? bias[n0 + j] : 0.f);
 }
 
+/* One interleaved tile of nr W rows (a constant at each call) with the row count mr as a
+ * constant too. */
+static inline __attribute__((always_inline)) void lin_tile_mr(
+    const float *xp, int K, int mr, const char *wp, int wdt, const int nr, const float *bias,
+    float *op, int N, int n, const char *pf, int j0, int j1, const int NRT) {
+    switch (mr) {
+#define DP_LIN_MR(r) \
+    lin_tile(xp, K, r, wp, wdt, nr, bias, op, N, n, pf, j0, j1, 0, NRT); break;
+    case 4: DP_LIN_MR(4)
+    case 3: DP_LIN_MR(3)
+    case 2: DP_LIN_MR(2)
+    default: DP_LIN_MR(1)
+#undef DP_LIN_MR
+    }
+}
+
 /* The row loop for one weight dtype: a constant wdt lets the compiler drop the dtype switch
  * from the inner loops of every tile variant (it does not unswitch them all by itself). */
 static inline __attribute__((always_inline)) void lin_rows(
     const float *x, int M, int K, const void *w, const int wdt, int N, const float *bias,
-    float *out, int n_lo, int n_hi) {
+    float *out, int n_lo, int n_hi, const int NRT) {
     const int esz = dp_elem_size(wdt);
     /* One row of x over short W rows: each tile's W rows read one after the other (the
      * seq loop of lin_tile). Measured on a Zen 5 at M = 1 and 2 on the llama.cpp comparison
@@ -96,8 +125,8 @@ static inline __attribute__((always_inline)) void lin_rows(
      * loop. */
     const int seq = M == 1 && (int64_t)K * esz <= 8192;
     const int np = (M + MR - 1) / MR;  /* passes over each tile */
-    for (int n = n_lo; n < n_hi; n += NR) {
-        const int nr = n_hi - n < NR ? n_hi - n : NR;
+    for (int n = n_lo; n < n_hi; n += NRT) {
+        const int nr = n_hi - n < NRT ? n_hi - n : NRT;
         const char *wp = (const char *)w + (int64_t)n * K * esz;
         for (int m = 0; m < M; m += MR) {
             const int mr = M - m < MR ? M - m : MR;
@@ -110,35 +139,46 @@ static inline __attribute__((always_inline)) void lin_rows(
              * pass, the memory sat idle during the others: on a Zen 4 (2 threads, fp32) an
              * 8-row step took the 4-row step's time plus the second pass's FMAs. */
             const int p = m / MR;
-            const char *pf = n + 2 * NR <= N ? wp + (int64_t)NR * K * esz : NULL;
-            const int j0 = p * NR / np, j1 = (p + 1) * NR / np;
+            const char *pf = n + 2 * NRT <= N ? wp + (int64_t)NRT * K * esz : NULL;
+            const int j0 = p * NRT / np, j1 = (p + 1) * NRT / np;
             /* constant tile sizes let the compiler keep every accumulator in a register */
-            if (nr == NR) {
+            if (nr == NRT) {
                 if (seq)  /* one pass over the tile: W once, in order */
-                    lin_tile(xp, K, 1, wp, wdt, NR, bias, op, N, n, NULL, 0, 0, 1);
+                    lin_tile(xp, K, 1, wp, wdt, NRT, bias, op, N, n, NULL, 0, 0, 1, NRT);
                 else
-                    switch (mr) {
-#define DP_LIN_MR(r) \
-                    lin_tile(xp, K, r, wp, wdt, NR, bias, op, N, n, pf, j0, j1, 0); break;
-                    case 4: DP_LIN_MR(4)
-                    case 3: DP_LIN_MR(3)
-                    case 2: DP_LIN_MR(2)
-                    default: DP_LIN_MR(1)
-#undef DP_LIN_MR
-                    }
+                    lin_tile_mr(xp, K, mr, wp, wdt, NRT, bias, op, N, n, pf, j0, j1, NRT);
+            } else if (NRT < NR && !seq && nr == 2) {
+                /* a 3-wide tile leaves 2 rows of every 32-row claim (dp_claim_rows): in the
+                 * generic tile below, whose sizes are known only at run time, they ran at
+                 * a fraction of the speed and cost the comparison model's QKV 1.3-1.8x */
+                lin_tile_mr(xp, K, mr, wp, wdt, 2, bias, op, N, n, NULL, 0, 0, NRT);
+            } else if (NRT < NR && !seq && nr == 1) {
+                lin_tile_mr(xp, K, mr, wp, wdt, 1, bias, op, N, n, NULL, 0, 0, NRT);
             } else {
-                lin_tile(xp, K, mr, wp, wdt, nr, bias, op, N, n, NULL, 0, 0, seq);
+                lin_tile(xp, K, mr, wp, wdt, nr, bias, op, N, n, NULL, 0, 0, seq, NRT);
             }
         }
     }
 }
+/* Each weight dtype with the tile width of its row count (constants: the accumulators stay
+ * in registers). */
+static inline __attribute__((always_inline)) void lin_dtype(
+    const float *x, int M, int K, const void *w, const int wdt, int N, const float *bias,
+    float *out, int n_lo, int n_hi) {
+    if (LIN_NR_DEEP != NR && M >= LIN_NR_FULL)
+        lin_rows(x, M, K, w, wdt, N, bias, out, n_lo, n_hi, LIN_NR_DEEP);
+    else
+        lin_rows(x, M, K, w, wdt, N, bias, out, n_lo, n_hi, NR);
+}
 void LINEAR_FN(const float *x, int M, int K, const void *w, int wdt, int N,
                const float *bias, float *out, int n_lo, int n_hi) {
     switch (wdt) {
-    case DP_BF16: lin_rows(x, M, K, w, DP_BF16, N, bias, out, n_lo, n_hi); break;
-    case DP_F16: lin_rows(x, M, K, w, DP_F16, N, bias, out, n_lo, n_hi); break;
-    default: lin_rows(x, M, K, w, DP_F32, N, bias, out, n_lo, n_hi); break;
+    case DP_BF16: lin_dtype(x, M, K, w, DP_BF16, N, bias, out, n_lo, n_hi); break;
+    case DP_F16: lin_dtype(x, M, K, w, DP_F16, N, bias, out, n_lo, n_hi); break;
+    default: lin_dtype(x, M, K, w, DP_F32, N, bias, out, n_lo, n_hi); break;
     }
 }
 #undef MR
 #undef NR
+#undef LIN_NR_DEEP
+#undef LIN_NR_FULL

@@ -694,11 +694,12 @@ PLANTS = [
           "        if sep and key.strip() == \"vendor_id\":",
           "        if sep and key == \"vendor_id\":",
           ("tests/kernels/test_gemm.py::test_vendor_from_cpuinfo",)),
-    Plant("gemm-decode-rows-every-path", "decode batches from 16 rows take the GEMM on the "
-          "AVX-512 paths too, where the fused stages are faster", "dualpace/model/native_stages.py",
-          "    return GEMM_MIN_ROWS if gemm_isa == \"avx2\" else NATIVE_MAX_ROWS + 1",
-          "    return GEMM_MIN_ROWS if gemm_isa else NATIVE_MAX_ROWS + 1",
-          ("tests/kernels/test_native_stages.py::test_gemm_min_rows_by_path",)),
+    Plant("gemm-decode-rows-avx2", "decode batches from 16 rows take the GEMM on the AVX2 "
+          "path again, where the fused stages are faster", "dualpace/model/native_stages.py",
+          "        self.gemm_from_rows = NATIVE_MAX_ROWS + 1",
+          "        self.gemm_from_rows = 16 if self.gemm_isa == \"avx2\" else NATIVE_MAX_ROWS + 1",
+          ("tests/kernels/test_native_stages.py::"
+           "test_decode_batches_take_the_fused_stages_on_every_gemm_path",)),
     Plant("prefill-gemm-env-unchecked", "a bad $DUALPACE_PREFILL_GEMM passes resolution (each "
           "worker then fails on its own)", "dualpace/resolved.py",
           "        cpu.prefill_gemm_isa()  # $DUALPACE_PREFILL_GEMM validated here too, as the "
@@ -745,7 +746,7 @@ PLANTS = [
           "        return rows <= NATIVE_MAX_ROWS and rows < self.native.gemm_from_rows",
           "        return rows <= NATIVE_MAX_ROWS",
           ("tests/kernels/test_native_stages.py::"
-           "test_decode_batches_from_gemm_min_rows_take_the_gemm",)),
+           "test_decode_batches_from_gemm_from_rows_take_the_gemm",)),
     Plant("decode-layers-never-pause", "the one-call decode step ignores a raised Dense Assist "
           "word until its last layer", "cext/decode_layers.c",
           "            raised |= __atomic_load_n(pause_words[i], __ATOMIC_ACQUIRE) == pause_value;",

@@ -22,12 +22,9 @@ short spin of runtime/supervisor.py):
 a 256-token prefill of the llama.cpp comparison model took 97 ms with that spin against 86
 without, and its elementwise ops a quarter of the step (issue 14's single-stream TTFT).
 
-Decode batches of GEMM_MIN_ROWS (16) rows or more take the same chunk stages where the cext
-GEMM of the AVX2 path runs them, and their LM head the GEMM: there the GEMM is 1.24-1.54x
-the weight-streaming linear from 16 rows (bench/decode_throughput.py at batch 32:
-1.24-1.30x tokens/s); on the AVX-512 paths it is not, and only prefill chunks take it
-(gemm_min_rows). A row's rounding then depends on whether its batch has 16 rows, as it does on
-the AMX path from 4.
+Decode batches keep the fused decode-sized stages up to NATIVE_MAX_ROWS on every path:
+until 2026-12-07 the AVX2 path sent them to the chunk stages from 16 rows, while its decode
+linear spilled accumulators (NativeStages.gemm_from_rows says why no longer).
 
 Used only where it computes what the torch stages compute up to rounding: CPU, no
 tensor-parallel all-reduce, and projection widths that are multiples of 16. The C stages
@@ -55,20 +52,7 @@ from dualpace.model.weights import ModelWeights
 
 # Above this many rows (prefill chunks) torch's GEMM beats the weight-streaming kernel.
 NATIVE_MAX_ROWS = 128
-# From this many rows the cext GEMM of the AVX2 path beats the weight-streaming kernel:
-# decode batches that large take the chunk stages too. Measured on the comparison model's
-# projections (AVX2, Zen 1, 2 threads): 1.24-1.54x at 16-128 rows, 0.71-0.79x at 8 (a
-# 16-row panel half empty). Not so on the AVX-512 paths (Zen 4, 2 threads,
-# bench/decode_throughput.py: batch 16 at 579-654 tok/s through the chunk stages against
-# 889-947 fused, batch 32 0.94-0.95x, 64 and 128 level), where the GEMM takes only the
-# prefill chunks (gemm_min_rows).
-GEMM_MIN_ROWS = 16
 
-
-def gemm_min_rows(gemm_isa: str | None) -> int:
-    """The smallest batch that takes the chunk stages (GEMMs) rather than the fused
-    decode-sized ones, given the GEMM's ISA path (None: torch's GEMM)."""
-    return GEMM_MIN_ROWS if gemm_isa == "avx2" else NATIVE_MAX_ROWS + 1
 
 _DTYPE_CODES = cpu_kernels.DTYPE_CODES
 _ERRORS = {-3: "positions: a position is outside the RoPE table",
@@ -141,7 +125,15 @@ class NativeStages:
         # (cpu_kernels.prefill_gemm_isa), else torch's; fp32 weights only
         self.gemm_isa = (cpu_kernels.prefill_gemm_isa()
                          if weights.layers[0].qkv.dtype == torch.float32 else None)
-        self.gemm_from_rows = gemm_min_rows(self.gemm_isa)
+        # The smallest batch that takes the chunk stages (GEMMs) rather than the fused
+        # decode-sized ones: on every path only prefill-sized ones. Until 2026-12-07 decode
+        # batches from 16 rows took the GEMM on the AVX2 path, whose decode linear then
+        # spilled accumulators (a 4 x 4 tile on 16 registers) and lost to the GEMM
+        # 1.24-1.54x (Zen 1). With its 4 x 3 tile (cext/linear_body.h) the linear beat the
+        # GEMM 1.0-1.2x at 16 rows and tied it at 32-64 (Zen 3, 2 threads), and the fused
+        # step ran 1.9x the chunk stages' tokens/s at batch 16, 1.35x at 32, 1.3-1.4x at 64,
+        # 1.0x at 128 (bench/decode_throughput.py --past-llc, a 177 MB fp32 model).
+        self.gemm_from_rows = NATIVE_MAX_ROWS + 1
         self.layers = []
         for lw in weights.layers:
             s = ffi.new("dp_layer_weights *")

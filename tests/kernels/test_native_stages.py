@@ -16,7 +16,7 @@ from dualpace.kernels import cpu as cpu_kernels
 from dualpace.kv.cache import KVCache
 from dualpace.model import native_stages
 from dualpace.model.config import load_model_config
-from dualpace.model.native_stages import GEMM_MIN_ROWS, NATIVE_MAX_ROWS, why_not_native
+from dualpace.model.native_stages import NATIVE_MAX_ROWS, why_not_native
 from dualpace.model.stages import StagedModel
 from dualpace.model.weights import load_weights
 
@@ -590,18 +590,35 @@ def test_mixed_decode_layers_matches_the_layer_loop(bf16_models, isa):
         assert _rel(b, a) < 3e-2
 
 
-def test_gemm_min_rows_by_path():
-    """Decode batches from 16 rows take the GEMM on the AVX2 path only (measured faster
-    there); on the AVX-512 paths, and with torch's GEMM, only prefill-sized ones do."""
-    assert native_stages.gemm_min_rows("avx2") == 16
-    for path in ("avx512", "avx512_bf16", "amx", None):
-        assert native_stages.gemm_min_rows(path) == NATIVE_MAX_ROWS + 1 == 129, path
+@pytest.mark.parametrize("path", [*cpu_kernels.GEMM_ISAS, None])
+def test_decode_batches_take_the_fused_stages_on_every_gemm_path(models, path, monkeypatch):
+    """Up to NATIVE_MAX_ROWS a decode batch runs the fused decode-sized stages whatever the
+    GEMM's path (None: torch's): the AVX2 path sent batches from 16 rows to the GEMM until
+    its decode linear got a tile that fits 16 registers, and then the fused step was
+    1.3-1.9x faster there."""
+    cfg, native, _ = models
+    monkeypatch.setattr(cpu_kernels, "prefill_gemm_isa", lambda: path)
+    nat = native_stages.NativeStages(cfg, native.w, native.rope.cos, native.rope.sin)
+    assert nat.gemm_isa == path
+    monkeypatch.setattr(native, "native", nat)
+    monkeypatch.setattr(native, "decode_attention", nat.decode_attention)
+    for rows in (16, 32, NATIVE_MAX_ROWS):
+        fb, _ = _decode_batch(cfg, [3 + j % 7 for j in range(rows)])
+        hidden = native.pre_layer(fb.input_ids)
+        assert native.runs_decode_layers(hidden, fb), (path, rows)
+    fb, _ = _decode_batch(cfg, [3] * (NATIVE_MAX_ROWS + 1))
+    assert not native.runs_decode_layers(native.pre_layer(fb.input_ids), fb)
 
 
-@pytest.mark.parametrize("rows", [GEMM_MIN_ROWS - 1, GEMM_MIN_ROWS])
-def test_decode_batches_from_gemm_min_rows_take_the_gemm(models, isa, rows, monkeypatch):
-    """Where the path has the cext GEMM and its crossover is GEMM_MIN_ROWS (set here: by
-    default only the AVX2 path's is, gemm_min_rows), a decode batch of that many rows takes
+# A crossover set by the test: no path has one by default (the fused stages win up to
+# NATIVE_MAX_ROWS), but ``gemm_from_rows`` still routes a batch from that size.
+CROSSOVER = 16
+
+
+@pytest.mark.parametrize("rows", [CROSSOVER - 1, CROSSOVER])
+def test_decode_batches_from_gemm_from_rows_take_the_gemm(models, isa, rows, monkeypatch):
+    """Where the path has the cext GEMM and a crossover (``gemm_from_rows``, set here to
+    CROSSOVER), a decode batch of that many rows takes
     the chunk stages and the GEMM LM head (four projections a layer and the head through
     ``gemm``), not the fused decode-sized stages nor the one-call step; one row fewer takes
     those. Either way the logits are the torch stages'."""
@@ -609,7 +626,7 @@ def test_decode_batches_from_gemm_min_rows_take_the_gemm(models, isa, rows, monk
     if isa not in cpu_kernels.GEMM_ISAS:
         pytest.skip(f"the {isa} path has no cext GEMM")
     monkeypatch.setattr(native.native, "gemm_isa", isa)
-    monkeypatch.setattr(native.native, "gemm_from_rows", GEMM_MIN_ROWS)
+    monkeypatch.setattr(native.native, "gemm_from_rows", CROSSOVER)
     monkeypatch.setattr(plain, "linear", torch.nn.functional.linear)
     calls = []
     real_gemm = cpu_kernels.gemm
@@ -622,7 +639,7 @@ def test_decode_batches_from_gemm_min_rows_take_the_gemm(models, isa, rows, monk
     fb, blocks = _decode_batch(cfg, [3 + 5 * j for j in range(rows)])
     kv_n, kv_t = _filled_kv(cfg, torch.float32, blocks), _filled_kv(cfg, torch.float32, blocks)
     hidden = native.pre_layer(fb.input_ids)
-    assert native.runs_decode_layers(hidden, fb) == (rows < GEMM_MIN_ROWS)
+    assert native.runs_decode_layers(hidden, fb) == (rows < CROSSOVER)
     got, want = hidden, hidden
     for i in range(cfg.num_layers):
         got = native.layer(i, got, fb, kv_n)
@@ -630,7 +647,7 @@ def test_decode_batches_from_gemm_min_rows_take_the_gemm(models, isa, rows, monk
     _close(got, want)
     logits_n, logits_t = native.post_layer(got), plain.post_layer(want)
     _close(logits_n, logits_t, 1e-4)
-    assert calls == ([isa] * (4 * cfg.num_layers + 1) if rows >= GEMM_MIN_ROWS else [])
+    assert calls == ([isa] * (4 * cfg.num_layers + 1) if rows >= CROSSOVER else [])
 
 
 def test_mixed_decode_logits_are_the_two_calls_logits(bf16_models, isa):
