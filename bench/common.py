@@ -79,6 +79,18 @@ def llc_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | 
     return max(sizes) if sizes else None
 
 
+def l2_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """cpu0's level-2 cache (data or unified), in bytes; None where sysfs says none."""
+    for index in sorted(root.glob("index*")):
+        try:
+            if (int((index / "level").read_text()) == 2
+                    and (index / "type").read_text().strip() in ("Data", "Unified")):
+                return parse_cache_size((index / "size").read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 # The comparison models' vocabulary: the demo tokenizer's 261 entries and rows past them
 # (never produced), so that the LM head is a 32k-vocabulary model's.
 BENCH_VOCAB = 32000

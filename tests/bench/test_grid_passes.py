@@ -75,3 +75,54 @@ def test_the_past_llc_model_streams_at_least_the_asked_bytes():
         assert 4 * (PAST_LLC_FIXED_PARAMS + n * PAST_LLC_LAYER_PARAMS) >= mib << 20
         if n > 1:
             assert 4 * (PAST_LLC_FIXED_PARAMS + (n - 1) * PAST_LLC_LAYER_PARAMS) < mib << 20
+
+
+def test_the_l2_is_the_level_2_data_or_unified_cache(tmp_path):
+    from common import l2_bytes
+
+    # sysfs on a Zen 3: L1d, L1i, L2 unified, L3 unified
+    for i, (level, kind, size) in enumerate([(1, "Data", "32K"), (1, "Instruction", "32K"),
+                                             (2, "Unified", "512K"), (3, "Unified", "32768K")]):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(kind + "\n")
+        (d / "size").write_text(size + "\n")
+    assert l2_bytes(tmp_path) == 512 << 10
+    (tmp_path / "index2" / "type").write_text("Instruction\n")  # an L2 for code only
+    assert l2_bytes(tmp_path) is None
+    assert l2_bytes(tmp_path / "absent") is None
+
+
+def test_the_in_cache_twin_folds_every_table_onto_the_first_blocks():
+    import torch
+    from cpu_attention import hot_pool
+
+    tables = torch.tensor([[7, 2, 9], [0, 5, 12]], dtype=torch.int32)
+    # 256 KiB of cache, 64 KiB blocks (K and V): 4 blocks, b -> b mod 4
+    n, hot = hot_pool(tables, 256 << 10, 64 << 10)
+    assert n == 4
+    assert hot.tolist() == [[3, 2, 1], [0, 1, 0]]
+    assert hot.dtype == torch.int32
+    # a block larger than the cache still leaves one block to read
+    n, hot = hot_pool(tables, 16 << 10, 64 << 10)
+    assert n == 1 and hot.tolist() == [[0, 0, 0], [0, 0, 0]]
+
+
+def test_the_in_cache_twin_is_the_attention_of_its_folded_tables():
+    """The twin's call reads the folded blocks: the same as the reference over a cache that
+    holds, at each table position, the block it folds to."""
+    import torch
+    from cpu_attention import case, hot_pool
+
+    from dualpace.kernels import cpu
+    from dualpace.model.attention_ref import paged_decode_attention_ref
+
+    if not cpu.available():
+        pytest.skip("cext not built")
+    q, k, v, t, sl = case(2, 64, 8, 2, 64, 16, torch.float32)
+    n, hot = hot_pool(t, 3 * 2 * k[0].numel() * 4, 2 * k[0].numel() * 4)
+    assert n == 3
+    got = cpu.paged_decode_attention(q, k[:n], v[:n], hot, sl, 0.125)
+    want = paged_decode_attention_ref(q, k, v, hot.long(), sl, 0.125)
+    assert torch.allclose(got, want, atol=2e-5)
