@@ -147,13 +147,16 @@ static inline __attribute__((always_inline)) void lin_rows(
                     lin_tile(xp, K, 1, wp, wdt, NRT, bias, op, N, n, NULL, 0, 0, 1, NRT);
                 else
                     lin_tile_mr(xp, K, mr, wp, wdt, NRT, bias, op, N, n, pf, j0, j1, NRT);
-            } else if (NRT < NR && !seq && nr == 2) {
-                /* a 3-wide tile leaves 2 rows of every 32-row claim (dp_claim_rows): in the
-                 * generic tile below, whose sizes are known only at run time, they ran at
-                 * a fraction of the speed and cost the comparison model's QKV 1.3-1.8x */
-                lin_tile_mr(xp, K, mr, wp, wdt, 2, bias, op, N, n, NULL, 0, 0, NRT);
-            } else if (NRT < NR && !seq && nr == 1) {
-                lin_tile_mr(xp, K, mr, wp, wdt, 1, bias, op, N, n, NULL, 0, 0, NRT);
+            } else if (!seq) {
+                /* a narrower tile at the end of a claim, on constant sizes too: a 3-wide
+                 * tile leaves 2 rows of every 32-row claim (dp_claim_rows), and in a tile
+                 * whose sizes are known only at run time they cost the comparison model's
+                 * QKV 1.3-1.8x */
+                switch (nr) {
+                case 3: lin_tile_mr(xp, K, mr, wp, wdt, 3, bias, op, N, n, NULL, 0, 0, NRT); break;
+                case 2: lin_tile_mr(xp, K, mr, wp, wdt, 2, bias, op, N, n, NULL, 0, 0, NRT); break;
+                default: lin_tile_mr(xp, K, mr, wp, wdt, 1, bias, op, N, n, NULL, 0, 0, NRT);
+                }
             } else {
                 lin_tile(xp, K, mr, wp, wdt, nr, bias, op, N, n, NULL, 0, 0, seq, NRT);
             }

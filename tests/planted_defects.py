@@ -694,12 +694,6 @@ PLANTS = [
           "        if sep and key.strip() == \"vendor_id\":",
           "        if sep and key == \"vendor_id\":",
           ("tests/kernels/test_gemm.py::test_vendor_from_cpuinfo",)),
-    Plant("gemm-decode-rows-avx2", "decode batches from 16 rows take the GEMM on the AVX2 "
-          "path again, where the fused stages are faster", "dualpace/model/native_stages.py",
-          "        self.gemm_from_rows = NATIVE_MAX_ROWS + 1",
-          "        self.gemm_from_rows = 16 if self.gemm_isa == \"avx2\" else NATIVE_MAX_ROWS + 1",
-          ("tests/kernels/test_native_stages.py::"
-           "test_decode_batches_take_the_fused_stages_on_every_gemm_path",)),
     Plant("prefill-gemm-env-unchecked", "a bad $DUALPACE_PREFILL_GEMM passes resolution (each "
           "worker then fails on its own)", "dualpace/resolved.py",
           "        cpu.prefill_gemm_isa()  # $DUALPACE_PREFILL_GEMM validated here too, as the "
@@ -741,12 +735,18 @@ PLANTS = [
           "            return cpu_kernels.gemm(x.contiguous(), w, bias, None, out=out, "
           "isa=self.gemm_isa)",
           (CHUNK_TEST,)),
-    Plant("decode-batches-skip-the-gemm", "decode batches of 16-128 rows keep the fused "
-          "decode-sized stages where the GEMM is faster", "dualpace/model/stages.py",
-          "        return rows <= NATIVE_MAX_ROWS and rows < self.native.gemm_from_rows",
+    Plant("decode-batches-take-the-gemm-from-16", "decode batches from 16 rows take the "
+          "chunk stages again, where the fused stages are faster", "dualpace/model/stages.py",
           "        return rows <= NATIVE_MAX_ROWS",
+          "        return rows < 16",
           ("tests/kernels/test_native_stages.py::"
-           "test_decode_batches_from_gemm_from_rows_take_the_gemm",)),
+           "test_decode_batches_past_native_max_rows_take_the_gemm",)),
+    Plant("decode-batches-past-the-cap-fused", "decode batches past NATIVE_MAX_ROWS take the "
+          "fused decode-sized stages", "dualpace/model/stages.py",
+          "        return rows <= NATIVE_MAX_ROWS",
+          "        return True",
+          ("tests/kernels/test_native_stages.py::"
+           "test_decode_batches_past_native_max_rows_take_the_gemm",)),
     Plant("decode-layers-never-pause", "the one-call decode step ignores a raised Dense Assist "
           "word until its last layer", "cext/decode_layers.c",
           "            raised |= __atomic_load_n(pause_words[i], __ATOMIC_ACQUIRE) == pause_value;",
@@ -1000,12 +1000,6 @@ PLANTS = [
           "        if (0)\n",
           ("tests/kernels/test_native_stages.py::"
            "test_mixed_decode_logits_are_the_two_calls_logits",)),
-    Plant("one-call-takes-gemm-rows", "the one-call head takes rows the GEMM head takes "
-          "(other sums than final's)", "dualpace/model/native_stages.py",
-          "        if self.gemm_from_rows <= T:\n            raise ValueError(f\"decode_logits",
-          "        if False:\n            raise ValueError(f\"decode_logits",
-          ("tests/kernels/test_native_stages.py::"
-           "test_decode_logits_refuses_rows_the_gemm_head_takes",)),
     Plant("one-call-takes-prefills", "the one-call decode step takes a prefill batch",
           "dualpace/model/stages.py",
           "                and batch.is_decode and self._decode_sized(batch.num_rows))",

@@ -22,9 +22,13 @@ short spin of runtime/supervisor.py):
 a 256-token prefill of the llama.cpp comparison model took 97 ms with that spin against 86
 without, and its elementwise ops a quarter of the step (issue 14's single-stream TTFT).
 
-Decode batches keep the fused decode-sized stages up to NATIVE_MAX_ROWS on every path:
-until 2026-12-07 the AVX2 path sent them to the chunk stages from 16 rows, while its decode
-linear spilled accumulators (NativeStages.gemm_from_rows says why no longer).
+Decode batches take the fused decode-sized stages up to NATIVE_MAX_ROWS on every path, and
+their head ``final``'s dp_norm_linear. Until 2026-12-07 the AVX2 path sent them to the chunk
+stages and a GEMM head from 16 rows: its decode linear then spilled accumulators (a 4 x 4
+tile on 16 registers) and lost to the GEMM 1.24-1.54x (Zen 1). With its 4 x 3 tile
+(cext/linear_body.h) the linear beat the GEMM 1.0-1.2x at 16 rows and tied it at 32-64 (Zen
+3, 2 threads), and the fused step ran 1.9x the chunk stages' tokens/s at batch 16, 1.35x at
+32, 1.3-1.4x at 64, 1.0x at 128 (bench/decode_throughput.py --past-llc, a 177 MB fp32 model).
 
 Used only where it computes what the torch stages compute up to rounding: CPU, no
 tensor-parallel all-reduce, and projection widths that are multiples of 16. The C stages
@@ -125,15 +129,6 @@ class NativeStages:
         # (cpu_kernels.prefill_gemm_isa), else torch's; fp32 weights only
         self.gemm_isa = (cpu_kernels.prefill_gemm_isa()
                          if weights.layers[0].qkv.dtype == torch.float32 else None)
-        # The smallest batch that takes the chunk stages (GEMMs) rather than the fused
-        # decode-sized ones: on every path only prefill-sized ones. Until 2026-12-07 decode
-        # batches from 16 rows took the GEMM on the AVX2 path, whose decode linear then
-        # spilled accumulators (a 4 x 4 tile on 16 registers) and lost to the GEMM
-        # 1.24-1.54x (Zen 1). With its 4 x 3 tile (cext/linear_body.h) the linear beat the
-        # GEMM 1.0-1.2x at 16 rows and tied it at 32-64 (Zen 3, 2 threads), and the fused
-        # step ran 1.9x the chunk stages' tokens/s at batch 16, 1.35x at 32, 1.3-1.4x at 64,
-        # 1.0x at 128 (bench/decode_throughput.py --past-llc, a 177 MB fp32 model).
-        self.gemm_from_rows = NATIVE_MAX_ROWS + 1
         self.layers = []
         for lw in weights.layers:
             s = ffi.new("dp_layer_weights *")
@@ -353,11 +348,8 @@ class NativeStages:
         asleep in it, whose wake-up then waited for a core the engine had taken. The head
         is ``final``'s decode-sized path (dp_norm_linear) on the hidden rows rounded to the
         model's activation dtype as they cross to it (a bf16 model's), so the logits are the
-        same; only for T below ``gemm_from_rows`` (where ``final`` takes that path)."""
+        same."""
         T = int(input_ids.shape[0])
-        if self.gemm_from_rows <= T:
-            raise ValueError(f"decode_logits: {T} rows take the GEMM head (from "
-                             f"{self.gemm_from_rows}); use decode_layers and final")
         if input_ids.dtype != torch.int64 or input_ids.dim() != 1:
             raise ValueError("decode_logits: input ids as an int64 vector")
         hidden = torch.empty(T, self.cfg.hidden_size, dtype=torch.float32)
@@ -426,14 +418,11 @@ class NativeStages:
             serve()
 
     def final(self, hidden_rows: torch.Tensor) -> torch.Tensor:
-        """Final RMSNorm + LM head -> fp32 logits [T, V]; from ``gemm_from_rows`` rows the
-        norm in C and the head on the GEMM."""
+        """Final RMSNorm + LM head -> fp32 logits [T, V] (T <= NATIVE_MAX_ROWS: more rows
+        take the torch head, StagedModel.post_layer)."""
         ffi = self.ffi
         T, H = hidden_rows.shape
         hidden_rows = self._in(hidden_rows)
-        if self.gemm_from_rows <= T:
-            x = self._norm_rows(hidden_rows.contiguous(), _ptr(ffi, self.final_norm))
-            return cpu_kernels.gemm(x, self.lm_head, isa=self.gemm_isa)
         out = torch.empty(T, self.lm_head.shape[0], dtype=torch.float32)
         rc = self.lib.dp_norm_linear(
             _ptr(ffi, hidden_rows), T, H, _ptr(ffi, self.final_norm), self.cfg.rms_norm_eps,

@@ -177,9 +177,9 @@ class StagedModel:
         return self.native if rows <= NATIVE_MAX_ROWS else None
 
     def _decode_sized(self, rows: int) -> bool:
-        """Whether ``rows`` take the fused decode-sized native stages: up to NATIVE_MAX_ROWS
-        and below the native stages' ``gemm_from_rows`` (where the GEMM wins)."""
-        return rows <= NATIVE_MAX_ROWS and rows < self.native.gemm_from_rows
+        """Whether ``rows`` take the fused decode-sized native stages: up to NATIVE_MAX_ROWS,
+        on every path (native_stages.py: the chunk stages' GEMMs win only above)."""
+        return rows <= NATIVE_MAX_ROWS
 
     def _native_stage(self, rows: int, decode_sized, chunk):
         """The native stage for ``rows`` (``decode_sized`` where ``_decode_sized``, else
