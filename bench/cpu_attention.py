@@ -155,12 +155,28 @@ def paired_times(kernel, stream, repeats: int) -> tuple[list[float], list[float]
     return tk, ts
 
 
+_KV_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
+              "fp32": torch.float32, "f32": torch.float32, "float16": torch.float16,
+              "fp16": torch.float16, "f16": torch.float16}
+
+
+def kv_dtype(name: str) -> torch.dtype:
+    """--dtypes' names: torch's (bfloat16, float32, float16) or the short ones (bf16, fp32)."""
+    try:
+        return _KV_DTYPES[name.strip().lower()]
+    except KeyError:
+        raise ValueError(f"--dtypes: unknown KV dtype {name!r}; expected one of "
+                         f"{', '.join(sorted(_KV_DTYPES))}") from None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--batches", default="1,8,32,128")
     ap.add_argument("--contexts", default="128,1024,4096")
-    ap.add_argument("--dtypes", default="bfloat16,float32")
+    ap.add_argument("--dtypes", default="bfloat16,float32",
+                    help="KV dtypes, comma-separated: bfloat16 (bf16), float32 (fp32, f32), "
+                         "float16 (fp16, f16)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--isa", default=None,
                     help="scalar | avx2 | avx512 | avx512_bf16 | amx (default: the best this CPU "
@@ -239,7 +255,10 @@ def main() -> None:
                         "speedup_vs_torch": round(tr / tk, 1)})
         return row
 
-    dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
+    try:
+        dtypes = [kv_dtype(name) for name in args.dtypes.split(",")]
+    except ValueError as e:
+        ap.error(str(e))
     for dtype in dtypes:
         for b in (int(x) for x in args.batches.split(",")):
             for ctx in (int(x) for x in args.contexts.split(",")):
