@@ -42,8 +42,15 @@ static inline __m256 exp8(__m256 x) {
 typedef __m256 VEC;
 #define VW 8
 /* keys per q-chunk load, by the 16 ymm registers: G = 4 takes 3 (12 accumulators, 3 keys,
- * a q chunk), measured 14% faster than 2 on fp32 KV */
+ * a q chunk), measured 14% faster than 2 on fp32 KV with the KV in cache */
 #define QK_TT(G) ((G) <= 2 ? 4 : ((G) <= 4 ? 3 : 1))
+/* ... by KV dtype, from DRAM: fewer keys a tile read faster there though slower in cache.
+ * Measured on a Zen 3 (2 threads, the grid's 12 shapes a row, 3 interleaved runs): fp32 KV
+ * at 2 keys rather than 4 (G 1) and 3 (G 4) 0.82-0.93 -> 0.88-1.06 and 0.67-0.74 ->
+ * 0.77-0.85 of the read bandwidth; bf16 at G 1 2 keys rather than 4 0.80-1.01 -> 0.88-1.08,
+ * at G 4 2 keys 0.61-0.74 against 3's 0.63-0.79, so G 4 keeps 3. */
+#define QK_TT_KV(G, dtype) \
+    ((dtype) == DP_F32 ? ((G) <= 4 ? 2 : 1) : (dtype) == DP_BF16 && (G) <= 2 ? 2 : QK_TT(G))
 static inline __attribute__((always_inline)) VEC vzero(void) { return _mm256_setzero_ps(); }
 static inline __attribute__((always_inline)) VEC vset1(float f) { return _mm256_set1_ps(f); }
 static inline __attribute__((always_inline)) VEC vloadu(const float *p) { return _mm256_loadu_ps(p); }
@@ -117,6 +124,13 @@ static inline __attribute__((always_inline)) VEC vbf16_half(const char *p, int h
 /* Measured against the plain widening: 20% faster at G = 1, 7-11% slower at G = 4 and 8,
  * where the pairs' two halves per 2*VW elements cost the QK tile its registers. */
 #define DP_BF16_PAIRS_MAX_G 2
+/* QK tiles: an fp32 group of up to 8 heads in one tile of 1 key (8 accumulators, q as the
+ * FMAs' memory operands, each K row read once); bf16 and f16 groups over 4 in slices of 4
+ * heads x 3 keys (attention_simd.h). Measured on a Zen 3 from DRAM (2 threads, the grid's
+ * 12 shapes a group, 3 interleaved runs): fp32 KV GQA 8 0.57-0.65 -> 0.65-0.75 of the read
+ * bandwidth, GQA 6-7 1.0-1.25x; bf16 GQA 5-8 0.95-1.05x, so they keep the slices. */
+#define QK_GT 8
+#define QK_GT_KV(dtype) ((dtype) == DP_F32 ? 8 : 4)
 #include "attention_simd.h"
 
 #define DP_ITEM_FN dp_attn_item_avx2

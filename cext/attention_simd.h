@@ -19,6 +19,12 @@
 #ifndef QK_GT
 #define QK_GT 4  /* the most heads in one QK tile (prim_qk_block) */
 #endif
+#ifndef QK_GT_KV
+#define QK_GT_KV(dtype) QK_GT  /* ... for a KV dtype, at most QK_GT */
+#endif
+#ifndef QK_TT_KV
+#define QK_TT_KV(G, dtype) QK_TT(G)  /* QK_TT for a KV dtype */
+#endif
 #ifndef QK_STEP
 #define QK_STEP 4  /* the heads of a slice when a group is larger than QK_GT */
 #endif
@@ -85,7 +91,7 @@ static inline __attribute__((always_inline)) void qk_tile(
 static inline __attribute__((always_inline)) void qk_slice(
     const float *q, const char *k, int64_t row, int n, int dtype, int D, int G, int g0,
     const int gn, float *s, int64_t nxt) {
-    const int TT = QK_TT(gn);
+    const int TT = QK_TT_KV(gn, dtype);
     int t = 0;
     for (; t + TT <= n; t += TT)
         qk_tile(q + g0 * VW, G * VW, k + t * row, row, dtype, D, gn, TT, s + t * G + g0, G,
@@ -104,13 +110,13 @@ static inline __attribute__((always_inline)) void prim_qk_block(
     const float *q, const char *k, int64_t row, int n, int dtype, int D, int G, float *s,
     int64_t nxt) {
     int g0 = 0;
-    if (G > QK_GT)  /* a group that fits one tile goes whole */
+    if (G > QK_GT_KV(dtype))  /* a group that fits one tile goes whole */
         for (; g0 + QK_STEP <= G; g0 += QK_STEP)
             qk_slice(q, k, row, n, dtype, D, G, g0, QK_STEP, s, nxt);
-    switch (G - g0) {  /* the rest, at most QK_GT heads */
+    switch (G - g0) {  /* the rest, at most QK_GT_KV(dtype) heads */
 #define DP_QK_REST(r) \
     case r: \
-        if ((r) <= QK_GT) qk_slice(q, k, row, n, dtype, D, G, g0, (r), s, nxt); \
+        if ((r) <= QK_GT_KV(dtype)) qk_slice(q, k, row, n, dtype, D, G, g0, (r), s, nxt); \
         break;
     DP_QK_REST(1) DP_QK_REST(2) DP_QK_REST(3) DP_QK_REST(4) DP_QK_REST(5) DP_QK_REST(6)
     DP_QK_REST(7) DP_QK_REST(8)
@@ -364,7 +370,7 @@ static inline __attribute__((always_inline)) void qk_tile_pairs(
 static inline __attribute__((always_inline)) void prim_qk_block_pairs(
     const float *q, const char *k, int64_t row, int n, int D, int G, float *s, int64_t nxt) {
     for (int g0 = 0; g0 < G; g0 += QK_GT) {
-        const int gn = G - g0 < QK_GT ? G - g0 : QK_GT, TT = QK_TT(gn);
+        const int gn = G - g0 < QK_GT ? G - g0 : QK_GT, TT = QK_TT_KV(gn, DP_BF16);
         int t = 0;
         for (; t + TT <= n; t += TT)
             qk_tile_pairs(q + g0 * VW, G * VW, k + t * row, row, D, gn, TT, s + t * G + g0,
