@@ -124,6 +124,18 @@ static inline __attribute__((always_inline)) VEC vbf16_half(const char *p, int h
 /* Measured against the plain widening: 20% faster at G = 1, 7-11% slower at G = 4 and 8,
  * where the pairs' two halves per 2*VW elements cost the QK tile its registers. */
 #define DP_BF16_PAIRS_MAX_G 2
+/* PV takes them at every group size up to 8 (its accumulators in the even/odd order, q
+ * not), and a bf16 group of 8 goes through PV as two slices of 4 heads x 2 chunks, the
+ * chunks the even and odd halves of one 32-byte load: one shift and one mask a V load,
+ * where the zero-extend and shift of the plain widening cost an FMA port (a Zen 3, one
+ * core, PV over 16 bf16 tokens in L1 at G 8 and head dim 128: 8 heads x 1 chunk 28.2 ns a
+ * token, 4 x 2 plain 24.8, 4 x 2 in pairs 21.6, the FMAs alone 20). From DRAM there (2
+ * threads, the grid's 12 shapes a group, 3 interleaved runs): GQA 4 0.63-0.84 -> 0.69-0.82
+ * of the read bandwidth, in cache 0.78-1.20 -> 0.97-1.30; GQA 8 0.41-0.47 -> 0.45-0.48, in
+ * cache 0.45-0.61 -> 0.54-0.70; GQA 5-7 level or better (means 0.50 / 0.45 / 0.42 ->
+ * 0.53 / 0.46 / 0.42). */
+#define DP_BF16_PV_PAIRS_MAX_G 8
+#define PV_GMAX(dtype) ((dtype) == DP_BF16 ? 4 : 8)
 /* QK tiles: an fp32 group of up to 8 heads in one tile of 1 key (8 accumulators, q as the
  * FMAs' memory operands, each K row read once); bf16 and f16 groups over 4 in slices of 4
  * heads x 3 keys (attention_simd.h). Measured on a Zen 3 from DRAM (2 threads, the grid's

@@ -30,7 +30,7 @@
 static inline __attribute__((always_inline)) void block_head(
     const dp_attn_args *a, const char *kp, const char *vp, int n, const float *qf,
     float *m, float *l, float *acc, float *s, int64_t nxt, const int G, const int kvdt,
-    const int pairs) {
+    const int pairs, const int pv_pairs) {
     const int D = a->D;
     const int64_t row = (int64_t)D * dp_elem_size(kvdt);
 #ifdef DP_HAVE_PAIRS
@@ -38,10 +38,10 @@ static inline __attribute__((always_inline)) void block_head(
     else
 #endif
     prim_qk_block(qf, kp, row, n, kvdt, D, G, s, nxt);
-    (void)pairs;
+    (void)pairs; (void)pv_pairs;
     prim_softmax(s, n, G, m, l, acc, D);
 #ifdef DP_HAVE_PAIRS
-    if (pairs) prim_pv_block_pairs(acc, s, vp, row, n, D, G, nxt);
+    if (pv_pairs) prim_pv_block_pairs(acc, s, vp, row, n, D, G, nxt);
     else
 #endif
     prim_pv_block(acc, s, vp, row, n, kvdt, D, G, nxt);
@@ -59,10 +59,11 @@ static inline __attribute__((always_inline)) void item_impl(
      * the softmax's vectors may run past BS * G) */
     float *s = ws + (int64_t)nh * G * D;
     const int64_t q0 = ((int64_t)b * a->Hq + (int64_t)h0 * G) * D;
-    int pairs = 0;
+    int pairs = 0, pv_pairs = 0;
 #ifdef DP_HAVE_PAIRS
     /* bf16 KV whose rows split into whole pairs of vectors: the even/odd order. */
     pairs = kvdt == DP_BF16 && D % (2 * VW) == 0 && G <= DP_BF16_PAIRS_MAX_G;
+    pv_pairs = kvdt == DP_BF16 && D % (2 * VW) == 0 && G <= DP_BF16_PV_PAIRS_MAX_G;
 #endif
     float *qrow = s + dp_attn_scores_floats(G, BS);  /* [D] one query row in fp32 */
     for (int h = 0; h < nh; h++)
@@ -91,12 +92,13 @@ static inline __attribute__((always_inline)) void item_impl(
             const int64_t hb = base + h * head_bytes;
             block_head(a, (const char *)a->k_cache + hb, (const char *)a->v_cache + hb, n,
                        qf + (int64_t)h * G * D, m + h * G, l + h * G, acc + (int64_t)h * G * D,
-                       s, dp_prefetch_distance(h, nh, head_bytes, nxt), G, kvdt, pairs);
+                       s, dp_prefetch_distance(h, nh, head_bytes, nxt), G, kvdt, pairs,
+                       pv_pairs);
         }
         t += n;
     }
 #ifdef DP_HAVE_PAIRS
-    if (pairs)  /* the accumulators back in the natural order of d (qf is free now) */
+    if (pv_pairs)  /* the accumulators back in the natural order of d (qf is free now) */
         for (int g = 0; g < nh * G; g++) {
             float *ag = acc + (int64_t)g * D;
             for (int d = 0; d < D; d++) qf[d] = ag[pair_pos(d)];

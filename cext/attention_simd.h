@@ -186,25 +186,44 @@ static inline __attribute__((always_inline)) void pv_pass(
             vstoreu(acc + (int64_t)(g0 + g) * D + d0 + c * VW, a[c * gn + g]);
 }
 
+/* The passes over the head dim for heads [g0, g0 + gn), gn <= PV_ACC and 8. */
+static inline __attribute__((always_inline)) void pv_slice(
+    float *acc, const float *p, const char *v, int64_t row, int n, int dtype, int D, int G,
+    int g0, const int gn, int pairs, int64_t nxt) {
+    const int DC = PV_ACC / gn < 8 ? PV_ACC / gn : 8;
+    int d0 = 0;
+    for (; d0 + DC * VW <= D; d0 += DC * VW)
+        pv_pass(acc, p, v, row, n, dtype, D, G, g0, gn, d0, DC, pairs, nxt);
+    /* the last (D / VW) % DC chunks: one pass with as many accumulators as are left */
+    switch ((D - d0) / VW) {
+#define DP_PV_REST(r) \
+    case r: \
+        if ((r) < DC) pv_pass(acc, p, v, row, n, dtype, D, G, g0, gn, d0, (r), pairs, nxt); \
+        break;
+    DP_PV_REST(1) DP_PV_REST(2) DP_PV_REST(3) DP_PV_REST(4) DP_PV_REST(5) DP_PV_REST(6)
+    DP_PV_REST(7)
+#undef DP_PV_REST
+    default: break;
+    }
+}
+
+#ifndef PV_GMAX
+#define PV_GMAX(dtype) 8  /* the most heads of one PV slice (pv_passes) */
+#endif
+/* A group of up to PV_GMAX heads goes in one slice, a larger multiple of it (up to 8) in
+ * slices of PV_GMAX, each reading V again (from L1), so that a pass keeps PV_ACC / PV_GMAX
+ * head-dim chunks. */
 static inline __attribute__((always_inline)) void pv_passes(
     float *acc, const float *p, const char *v, int64_t row, int n, int dtype, int D, int G,
     int pairs, int64_t nxt) {
+    const int gs = PV_GMAX(dtype);
+    if (G > gs && G <= 8 && G % gs == 0) {
+        for (int g0 = 0; g0 < G; g0 += gs)
+            pv_slice(acc, p, v, row, n, dtype, D, G, g0, gs, pairs, nxt);
+        return;
+    }
     if (G <= 8 && G <= PV_ACC) {
-        const int DC = PV_ACC / G < 8 ? PV_ACC / G : 8;
-        int d0 = 0;
-        for (; d0 + DC * VW <= D; d0 += DC * VW)
-            pv_pass(acc, p, v, row, n, dtype, D, G, 0, G, d0, DC, pairs, nxt);
-        /* the last (D / VW) % DC chunks: one pass with as many accumulators as are left */
-        switch ((D - d0) / VW) {
-#define DP_PV_REST(r) \
-        case r: \
-            if ((r) < DC) pv_pass(acc, p, v, row, n, dtype, D, G, 0, G, d0, (r), pairs, nxt); \
-            break;
-        DP_PV_REST(1) DP_PV_REST(2) DP_PV_REST(3) DP_PV_REST(4) DP_PV_REST(5) DP_PV_REST(6)
-        DP_PV_REST(7)
-#undef DP_PV_REST
-        default: break;
-        }
+        pv_slice(acc, p, v, row, n, dtype, D, G, 0, G, pairs, nxt);
         return;
     }
     for (int g0 = 0; g0 < G; g0 += 8)
