@@ -48,7 +48,10 @@ typedef __m256 VEC;
  * Measured on a Zen 3 (2 threads, the grid's 12 shapes a row, 3 interleaved runs): fp32 KV
  * at 2 keys rather than 4 (G 1) and 3 (G 4) 0.82-0.93 -> 0.88-1.06 and 0.67-0.74 ->
  * 0.77-0.85 of the read bandwidth; bf16 at G 1 2 keys rather than 4 0.80-1.01 -> 0.88-1.08,
- * at G 4 2 keys 0.61-0.74 against 3's 0.63-0.79, so G 4 keeps 3. */
+ * at G 4 2 keys 0.61-0.74 against 3's 0.63-0.79, so G 4 keeps 3. Against the commit before,
+ * later the same day (all the grid, interleaved): fp32 G 4 means 0.74 -> 0.79 and G 8 0.60
+ * -> 0.66 (the next define), every row; bf16 G 1 0.86 -> 0.90 in one run and 0.89 -> 0.85
+ * in another, within the box's drift. */
 #define QK_TT_KV(G, dtype) \
     ((dtype) == DP_F32 ? ((G) <= 4 ? 2 : 1) : (dtype) == DP_BF16 && (G) <= 2 ? 2 : QK_TT(G))
 static inline __attribute__((always_inline)) VEC vzero(void) { return _mm256_setzero_ps(); }
@@ -133,7 +136,10 @@ static inline __attribute__((always_inline)) VEC vbf16_half(const char *p, int h
  * threads, the grid's 12 shapes a group, 3 interleaved runs): GQA 4 0.63-0.84 -> 0.69-0.82
  * of the read bandwidth, in cache 0.78-1.20 -> 0.97-1.30; GQA 8 0.41-0.47 -> 0.45-0.48, in
  * cache 0.45-0.61 -> 0.54-0.70; GQA 5-7 level or better (means 0.50 / 0.45 / 0.42 ->
- * 0.53 / 0.46 / 0.42). */
+ * 0.53 / 0.46 / 0.42). Two later runs against the commit before these tile changes put GQA
+ * 4 and 8 level from DRAM (means 0.68 -> 0.70 and 0.64 -> 0.64, 0.40 -> 0.41) and faster in
+ * cache (GQA 4 head dims 64-80 0.66-0.81 -> 0.80-0.97): these rows wait on the overlap of
+ * reads and compute (G 4) or on the FMAs (G 8), not on PV's widening. */
 #define DP_BF16_PV_PAIRS_MAX_G 8
 #define PV_GMAX(dtype) ((dtype) == DP_BF16 ? 4 : 8)
 /* QK tiles: an fp32 group of up to 8 heads in one tile of 1 key (8 accumulators, q as the
