@@ -61,9 +61,11 @@ static inline __attribute__((always_inline)) void item_impl(
     const int64_t q0 = ((int64_t)b * a->Hq + (int64_t)h0 * G) * D;
     int pairs = 0, pv_pairs = 0;
 #ifdef DP_HAVE_PAIRS
-    /* bf16 KV whose rows split into whole pairs of vectors: the even/odd order. */
-    pairs = kvdt == DP_BF16 && D % (2 * VW) == 0 && G <= DP_BF16_PAIRS_MAX_G;
-    pv_pairs = kvdt == DP_BF16 && D % (2 * VW) == 0 && G <= DP_BF16_PV_PAIRS_MAX_G;
+    /* bf16 KV whose rows split into whole pairs of vectors: the even/odd order, for QK (q in
+     * that order) and for PV (the accumulators in it) each up to its own group size */
+    const int pair_rows = kvdt == DP_BF16 && D % (2 * VW) == 0;
+    pairs = pair_rows && G <= DP_BF16_PAIRS_MAX_G;
+    pv_pairs = pair_rows && G <= DP_BF16_PV_PAIRS_MAX_G;
 #endif
     float *qrow = s + dp_attn_scores_floats(G, BS);  /* [D] one query row in fp32 */
     for (int h = 0; h < nh; h++)

@@ -125,8 +125,9 @@ static inline __attribute__((always_inline)) void prim_qk_block(
     }
 }
 
-/* The ISA file opts in, with DP_BF16_PAIRS_MAX_G, the largest group that takes them: measured
- * faster with AVX2 at G <= 2, slower at G = 4 and 8, no faster with AVX-512. */
+/* The ISA file opts in, with DP_BF16_PAIRS_MAX_G, the largest group whose QK takes them
+ * (measured faster with AVX2 at G <= 2, slower at G = 4 and 8, no faster with AVX-512), and
+ * DP_BF16_PV_PAIRS_MAX_G, PV's. */
 #ifdef DP_BF16_PAIRS
 #define DP_HAVE_PAIRS 1  /* bf16 KV in even/odd pairs: see the section at the end */
 #endif
@@ -388,8 +389,9 @@ static inline __attribute__((always_inline)) void qk_tile_pairs(
 
 static inline __attribute__((always_inline)) void prim_qk_block_pairs(
     const float *q, const char *k, int64_t row, int n, int D, int G, float *s, int64_t nxt) {
-    for (int g0 = 0; g0 < G; g0 += QK_GT) {
-        const int gn = G - g0 < QK_GT ? G - g0 : QK_GT, TT = QK_TT_KV(gn, DP_BF16);
+    const int gt = QK_GT_KV(DP_BF16);  /* bf16's slices, as prim_qk_block's */
+    for (int g0 = 0; g0 < G; g0 += gt) {
+        const int gn = G - g0 < gt ? G - g0 : gt, TT = QK_TT_KV(gn, DP_BF16);
         int t = 0;
         for (; t + TT <= n; t += TT)
             qk_tile_pairs(q + g0 * VW, G * VW, k + t * row, row, D, gn, TT, s + t * G + g0,
