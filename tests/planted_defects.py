@@ -254,7 +254,7 @@ PLANTS = [
           ("tests/sim/test_jitter.py",)),
     Plant("jitter-seed-ignores-rate", "every point of a simulated sweep replays the same "
           "stretch of the measured logs", "dualpace/sim/run.py",
-          '@{rate}")', '")',
+          '@{rate}"', '"',
           ("tests/sim/test_jitter.py",)),
     Plant("quiet-ignores-threshold", "--max-steal counts every measured point as quiet",
           "bench/compare_policies.py", "steal is not None and steal <= max_steal",
@@ -827,8 +827,7 @@ PLANTS = [
            "test_few_sequences_split_into_segments_and_head_ranges",)),
     Plant("qk-slices-overwrite-first-heads", "every QK slice of a large GQA group writes its "
           "scores to the first heads' rows", "cext/attention_simd.h",
-          "                    s + t * G + g0, G, g0 == 0, nxt);",
-          "                    s + t * G, G, g0 == 0, nxt);",
+          "dtype, D, gn, TT, s + t * G + g0, G,", "dtype, D, gn, TT, s + t * G, G,",
           ("tests/kernels/test_paged_attention.py::"
            "test_few_sequences_split_into_segments_and_head_ranges",)),
     Plant("bf16-dot-reads-past-the-end", "the bf16 dot-product PV reads the row after an odd "
@@ -843,9 +842,9 @@ PLANTS = [
           "    vstore_scores(flat, TT, G, 1.f, s, ss);",
           (ATTN_TEST + "test_bf16_within_its_rounding_bound",)),
     Plant("bf16-dot-pv-order-kept", "the bf16 dot-product item returns its accumulators in "
-          "the unpack's lane order", "cext/attention_avx512bf16.c",
-          "        vstoreu(acc + i, _mm512_permutex2var_ps(x, lo_idx, y));\n"
-          "        vstoreu(acc + i + VW, _mm512_permutex2var_ps(x, hi_idx, y));",
+          "the unpack's lane order", "cext/avx512_vec.h",
+          "        _mm512_storeu_ps(acc + i, _mm512_permutex2var_ps(x, lo_idx, y));\n"
+          "        _mm512_storeu_ps(acc + i + 16, _mm512_permutex2var_ps(x, hi_idx, y));",
           "        (void)x; (void)y; (void)lo_idx; (void)hi_idx;",
           (ATTN_TEST + "test_bf16_within_its_rounding_bound",)),
     Plant("bf16-dot-takes-fp32-queries", "the bf16 dot products also take fp32 queries",
@@ -1205,6 +1204,28 @@ PLANTS = [
     Plant("qk-rest-slice-dropped", "QK leaves out a group's last slice when it is 1 head",
           "cext/attention_simd.h", "    DP_QK_REST(1) DP_QK_REST(2)", "    DP_QK_REST(2)",
           (ATTN_TEST + "test_groups_that_do_not_divide_the_vector_width",)),
+    Plant("pv-slices-only-the-first", "a bf16 group of 8 runs PV over its first slice of 4 "
+          "heads only", "cext/attention_simd.h",
+          "        for (int g0 = 0; g0 < G; g0 += gs)",
+          "        for (int g0 = 0; g0 < gs; g0 += gs)",
+          (ATTN_TEST + "test_every_listed_head_dim_group_and_block_size",)),
+    Plant("pv-pairs-left-in-pair-order", "PV's accumulators stay in the even/odd order where "
+          "only PV took the pairs (bf16 G 4-8)", "cext/attention_body.h",
+          "    if (pv_pairs)  /* the accumulators back", "    if (pairs)  /* the accumulators back",
+          (ATTN_TEST + "test_every_listed_head_dim_group_and_block_size",)),
+    Plant("qk-rest-capped-at-4", "an fp32 group of 5-8 heads, whole in one QK tile, gets no "
+          "scores (the rest capped at the bf16 slice)", "cext/attention_simd.h",
+          "        if ((r) <= QK_GT_KV(dtype)) qk_slice(",
+          "        if ((r) <= 4) qk_slice(",
+          (ATTN_TEST + "test_groups_that_do_not_divide_the_vector_width",)),
+    Plant("attention-bench-dtype-traceback", "cpu_attention's --dtypes dies with a traceback "
+          "on an unknown name", "bench/cpu_attention.py", "        ap.error(str(e))",
+          "        raise",
+          ("tests/bench/test_attention_dtypes.py::"
+           "test_an_unknown_dtype_is_a_usage_error_naming_the_choices",)),
+    Plant("attention-bench-bf16-is-half", "cpu_attention's --dtypes bf16 measures float16",
+          "bench/cpu_attention.py", '"bf16": torch.bfloat16,', '"bf16": torch.float16,',
+          ("tests/bench/test_attention_dtypes.py::test_kv_dtype_names",)),
     Plant("amx-tiles-from-g4", "the AMX tiles take groups of 4, where they measured no faster",
           "cext/dp_internal.h", "#define DP_AMX_ATTN_MIN_G 8", "#define DP_AMX_ATTN_MIN_G 4",
           (ATTN_TEST + "test_amx_tiles_where_they_apply",)),
