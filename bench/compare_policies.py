@@ -26,7 +26,10 @@ a shared box one sweep can differ from the next by half its sustainable rate).
 ``--simulate`` runs the very same sweep (same servers' shapes, jobs, offsets, targets and
 keys) in the simulator with that profile (or ``--sim-profile``), so the two JSONs compare
 the simulator with the runtime it models; with ``--repeat N`` it takes the per-rate
-median of N jitter seeds (``simulated_sweeps``).
+median of N jitter seeds (``simulated_sweeps``). ``--simulate --per-sweep`` on the
+directory of a real ``--repeat`` run simulates each real sweep with step costs fitted to
+that sweep's own steps and validates the per-rate median of those simulations against the
+real median (``per_sweep_simulation``): like with like where one sweep ran slower.
 """
 
 from __future__ import annotations
@@ -288,6 +291,36 @@ def simulated_sweeps(model: str, jobs, policies, args, profile: dict) -> tuple[d
     return median, per_seed
 
 
+def per_sweep_simulation(model: str, jobs, policies, args, out: Path) -> tuple[dict, dict]:
+    """--simulate --per-sweep: each real sweep a --repeat run left in ``out``/rep1 .. repN,
+    simulated with step costs fitted to its own steps alone (rep<i>/profile-measured.json,
+    ``fit_measured_profile``) over args.repeat jitter seeds (``simulated_sweeps``); the
+    result is the per-rate median of those N simulated sweeps, as the real compare.json is
+    the median of the N real ones. A profile pooled from every sweep lets a slow sweep's
+    steps set the simulated tails while the real median leaves that sweep out (on the Zen 4
+    box, 2026-12-06: dualpace's simulated P99 ITL +20-41% from three sweeps pooled, within
+    9% from the two consistent ones fitted alone); fitted sweep by sweep, each simulated
+    sweep carries its own sweep's pace into the median. Also returns, per sweep, its profile
+    and its simulation validated against that sweep alone (at that sweep's own targets)."""
+    import copy
+
+    reps = saved_sweeps(out, policies)
+    sims, each = [], {}
+    for i, runs in enumerate(reps, 1):
+        rep_args = copy.copy(args)
+        rep_args.out = str(out / f"rep{i}")
+        path = fit_measured_profile(policies, rep_args, [(Path(rep_args.out), runs)])
+        sim, per_seed = simulated_sweeps(model, jobs, policies, args,
+                                         json.loads(path.read_text()))
+        sims.append(sim)
+        each[f"rep{i}"] = {"profile": str(path),
+                           "validation": validation({"runs": runs}, sim, args.target_factor),
+                           **({"repeats": per_seed} if per_seed else {})}
+    median = {p: [median_run([s[p][k] for s in sims]) for k in range(len(args.rates))]
+              for p in policies}
+    return median, each
+
+
 def _err(real, sim):
     return round(sim / real - 1, 4) if real and sim else None
 
@@ -317,6 +350,32 @@ def _spread(real: float | None, sim: float | None, values: list) -> dict:
     return entry
 
 
+def one_sided(real: list[dict], sim: list[dict], metric: str, target: float) -> dict:
+    """Why a sustainable rate exists on one side only (it is never extrapolated), and how far
+    apart the curves are where that is decided: ``outside``, the side without a rate and
+    whether its curve was already above the target at the sweep's lowest rate ("below": the
+    rate lies under the sweep) or never reached it ("beyond"); the metric on both sides at
+    that edge rate and the simulation's relative error there. On the Zen 4 box (2026-12-06)
+    gated's real curve ran 0.0165 s/token at 2 req/s against a 12x target of 0.0168, the
+    simulated one 0.0171: a rate of 2.0 against none, from curves 3.6% apart."""
+    side = "simulated" if sustainable_rate_of(real, metric, target) is not None else "real"
+    runs = sim if side == "simulated" else real
+    where = "below" if runs[0][metric] > target else "beyond"
+    k = 0 if where == "below" else len(runs) - 1
+    a, b = float(real[k][metric]), float(sim[k][metric])  # numpy's from the simulator
+    return {"outside": side, "where": where, "rate": runs[k]["request_rate"],
+            "real_metric": a, "simulated_metric": b, "metric_error": _err(a, b),
+            "target": target}
+
+
+def sustainable_rate_of(runs: list[dict], metric: str, target: float) -> float | None:
+    """``sustainable_rate`` of one sweep's points on one metric."""
+    from dualpace.workload import sustainable_rate
+
+    return sustainable_rate([r["request_rate"] for r in runs], [r[metric] for r in runs],
+                            target)
+
+
 def validation(real: dict, simulated: dict, factor: float,
                reps: list[dict] | None = None) -> dict:
     """The simulated sweep against the real one in --out, at the *real* run's targets (each
@@ -331,7 +390,8 @@ def validation(real: dict, simulated: dict, factor: float,
     ``reps``: the real sweeps that ``real`` is the median of; each entry then also gives
     their range (``real_range``) and whether the simulation falls inside it: on the 2-core
     validation boxes one 200-request sweep's P99 TTFT differed from the next by up to 2.9x,
-    so an error against the median can be the reference's own noise."""
+    so an error against the median can be the reference's own noise. A rate that exists on
+    one side only also says why and how far apart the curves are there (``one_sided``)."""
     runs = real["runs"]
     reps = [r for r in reps or [] if all(p in r for p in simulated if p in runs)]
     ref = runs.get("gpu-only", next(iter(runs.values())))
@@ -344,9 +404,13 @@ def validation(real: dict, simulated: dict, factor: float,
             targets = sweep_targets(ref, f)
             a, b = sweep_summary(runs[p], targets), sweep_summary(sim_runs, targets)
             each = [sweep_summary(rep[p], targets) for rep in reps]
-            for key in ("sustainable_rate", "sustainable_rate_p99_ttft"):
+            for key, metric in (("sustainable_rate", "mean_normalized_latency_s"),
+                                ("sustainable_rate_p99_ttft", "p99_ttft_ms")):
                 name = key if f == factor else f"{key}_at_{f:g}x"
                 out[p][name] = _spread(a[key], b[key], [e[key] for e in each])
+                if (a[key] is None) != (b[key] is None):
+                    out[p][name]["one_sided"] = one_sided(runs[p], sim_runs, metric,
+                                                          targets[metric])
         per_rate = {}
         for i, (r, s) in enumerate(zip(runs[p], sim_runs)):
             per_rate[str(r["request_rate"])] = {
@@ -468,8 +532,8 @@ def pace_warning(paces: dict) -> str | None:
     return ("compare_policies: the sweeps ran at different paces (their steps' time over the "
             f"pooled fit's), more than {PACE_SPREAD}x apart: {'; '.join(apart)}. The "
             "profile's tails pool the slow sweep's steps while the real median leaves that "
-            "sweep out; to validate against the consistent sweeps, copy them into a "
-            "directory of their own and --resummarize there")
+            "sweep out; --simulate --per-sweep simulates each sweep with its own steps' fit "
+            "and validates the median of those against the real median")
 
 
 def fit_measured_profile(policies, args, sweeps: list[tuple[Path, dict]]) -> Path:
@@ -592,6 +656,22 @@ def saved_sweeps(out: Path, policies) -> list[dict]:
     return reps
 
 
+def _check_per_sweep(out: Path) -> None:
+    """--per-sweep needs the real median in ``out`` and every sweep it was taken of."""
+    real = out / "compare.json"
+    for need in (real, out / "rep1" / "compare.json"):
+        if not need.exists():
+            raise SystemExit(f"compare_policies: --per-sweep simulates the sweeps of a "
+                             f"--repeat run, and there is no {need}: run the real side with "
+                             "--repeat N first")
+    sweeps = json.loads(real.read_text()).get("sweeps")
+    found = len(saved_sweeps(out, []))
+    if sweeps != found:
+        raise SystemExit(f"compare_policies: {real} is the median of {sweeps} sweeps but "
+                         f"{out} holds {found} (rep1 ..): --per-sweep would validate "
+                         "against another set of sweeps than the median's")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -619,6 +699,12 @@ def main() -> None:
                          "from points during which the hypervisor gave at most this share of "
                          "the host's CPU time to other guests (host_steal_fraction; a rate "
                          "with no such point takes all of its points)")
+    ap.add_argument("--per-sweep", action="store_true",
+                    help="--simulate against a --repeat run: each real sweep (--out/rep<i>) "
+                         "simulated with step costs fitted to its own steps "
+                         "(rep<i>/profile-measured.json), and the per-rate median of those "
+                         "validated against the real median; --repeat is then the jitter "
+                         "seeds per sweep")
     ap.add_argument("--resummarize", action="store_true",
                     help="run nothing: the median and the profile again from the sweeps a "
                          "--repeat run left in --out/rep1.. (say, with another --max-steal)")
@@ -632,6 +718,11 @@ def main() -> None:
                          "after it")
     if args.repeat < 1:
         raise SystemExit("compare_policies: --repeat must be at least 1")
+    if args.per_sweep and not args.simulate:
+        raise SystemExit("compare_policies: --per-sweep is a way to --simulate; give both")
+    if args.per_sweep and args.sim_profile:
+        raise SystemExit("compare_policies: --per-sweep fits each sweep's own profile; "
+                         "--sim-profile would replace them: give one of the two")
     out = Path(args.out)
     # the real sweep this run works on: --simulate validates against it, --resummarize
     # rewrites its median
@@ -651,17 +742,22 @@ def main() -> None:
     policies = args.policies.split(",")
     extra = {}
     if args.simulate:
-        sim_profile = Path(args.sim_profile or out / "profile-measured.json")
-        if not sim_profile.exists():
-            raise SystemExit(f"compare_policies: {sim_profile} does not exist: run without "
-                             "--simulate first (it measures the step costs), or pass "
-                             "--sim-profile")
-        profile = json.loads(sim_profile.read_text())
-        results, per_seed = simulated_sweeps(model, jobs, policies, args, profile)
-        if per_seed:
-            extra["repeats"] = per_seed
-        extra["sim_profile"] = str(sim_profile)
         name = "compare-sim"
+        if args.per_sweep:
+            _check_per_sweep(out)
+            results, extra["per_sweep"] = per_sweep_simulation(model, jobs, policies, args,
+                                                               out)
+        else:
+            sim_profile = Path(args.sim_profile or out / "profile-measured.json")
+            if not sim_profile.exists():
+                raise SystemExit(f"compare_policies: {sim_profile} does not exist: run "
+                                 "without --simulate first (it measures the step costs), or "
+                                 "pass --sim-profile")
+            profile = json.loads(sim_profile.read_text())
+            results, per_seed = simulated_sweeps(model, jobs, policies, args, profile)
+            if per_seed:
+                extra["repeats"] = per_seed
+            extra["sim_profile"] = str(sim_profile)
     elif args.repeat == 1 and not args.resummarize:
         results = {p: run_policy(model, p, jobs, args) for p in policies}
         extra["measured_profile"] = str(fit_measured_profile(policies, args, [(out, results)]))

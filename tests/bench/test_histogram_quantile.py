@@ -102,3 +102,28 @@ def test_validation_gives_the_real_sweeps_range_and_whether_the_simulation_is_in
         "sustainable_rate"]
     assert "real_range" not in validation(real, sim, 3.0, reps[:1])["gpu-only"]["per_rate"][
         "2.0"]["p99_ttft_ms"]
+
+
+def test_a_rate_on_one_side_only_says_where_the_other_curve_ran():
+    from compare_policies import validation
+
+    # gated's case: the real curve just under the target at the lowest rate, the simulated
+    # one just over it (target 3 x gpu-only's 0.01 = 0.03 s/token)
+    ref = _runs((0.01, 0.02, 0.06), (100, 200, 300))
+    real = {"runs": {"gpu-only": ref, "gated": _runs((0.029, 0.05, 0.07), (100, 200, 300))}}
+    sim = {"gpu-only": ref, "gated": _runs((0.031, 0.05, 0.07), (100, 200, 300))}
+    v = validation(real, sim, factor=3.0)["gated"]["sustainable_rate"]
+    assert v["real"] == pytest.approx(2 + 2 * 0.001 / 0.021) and v["simulated"] is None
+    assert v["one_sided"] == {"outside": "simulated", "where": "below", "rate": 2.0,
+                              "real_metric": 0.029, "simulated_metric": 0.031,
+                              "metric_error": 0.069, "target": pytest.approx(0.03)}
+    # the other way: the simulated curve crosses by 8 req/s, the real one never does
+    real["runs"]["gated"] = _runs((0.01, 0.02, 0.029), (100, 200, 300))
+    sim["gated"] = _runs((0.01, 0.02, 0.04), (100, 200, 300))
+    one = validation(real, sim, factor=3.0)["gated"]["sustainable_rate"]["one_sided"]
+    assert (one["outside"], one["where"], one["rate"]) == ("real", "beyond", 8.0)
+    assert one["metric_error"] == pytest.approx(0.04 / 0.029 - 1, abs=1e-4)
+    # both sides with a rate, or neither: nothing to explain
+    v = validation(real, real["runs"], factor=3.0)["gated"]
+    assert "one_sided" not in v["sustainable_rate"]
+    assert "one_sided" not in v["sustainable_rate_at_12x"]

@@ -63,7 +63,7 @@ def test_sweeps_far_apart_are_warned_of_and_close_ones_are_not():
     warning = pace_warning({"gated": {"rep1": 1.0, "rep2": 1.02},
                             "dualpace": {"rep1": 0.93, "rep2": 0.96, "rep3": 1.11}})
     assert "dualpace: rep1 0.93x, rep2 0.96x, rep3 1.11x" in warning
-    assert "gated" not in warning and "--resummarize" in warning
+    assert "gated" not in warning and "--simulate --per-sweep" in warning
 
 
 def _sweep_log(d: Path, pace: float) -> None:
