@@ -1271,6 +1271,34 @@ PLANTS = [
           "_mm512_mask_i32scatter_epi32(col + G + g, live & (c * AMX_CH + AMX_TAIL < D ? "
           "0xFFFF : 0), rows, pr, 4);",
           (ATTN_TEST + "test_amx_tiles_keep_an_fp32_query_to_fp32_precision",)),
+    Plant("per-sweep-pooled-fit", "compare_policies --per-sweep fits every sweep's profile to "
+          "all the sweeps' steps", "bench/compare_policies.py",
+          "[(Path(rep_args.out), runs)])",
+          "[(out / f\"rep{j}\", r) for j, r in enumerate(reps, 1)])",
+          ("tests/bench/test_compare_per_sweep.py",)),
+    Plant("per-sweep-first-sweep", "compare_policies --per-sweep reports the first sweep's "
+          "simulation instead of the median", "bench/compare_policies.py",
+          "    median = {p: [median_run([s[p][k] for s in sims])",
+          "    median = {p: [median_run([s[p][k] for s in sims[:1]])",
+          ("tests/bench/test_compare_per_sweep.py",)),
+    Plant("targets-ttft-in-seconds", "simulate --targets takes the P99 TTFT target in s "
+          "where the summary compares ms", "dualpace/sim/cli.py",
+          '"p99_ttft_ms": 1000 * vals[1]', '"p99_ttft_ms": vals[1]',
+          ("tests/sim/test_targets.py",)),
+    Plant("targets-ignored", "simulate --targets is parsed and then left unused",
+          "dualpace/sim/cli.py",
+          "    targets = absolute_targets(args.targets) or sweep_targets(",
+          "    targets = sweep_targets(", ("tests/sim/test_simulator.py::"
+                                          "test_cli_hardware_mode_json",)),
+    Plant("gains-normalized-only", "simulate's gains leave out the P99 TTFT and ITL rates",
+          "dualpace/sim/cli.py", "        for key, suffix in GAIN_RATES.items():",
+          "        for key, suffix in list(GAIN_RATES.items())[:1]:",
+          ("tests/sim/test_targets.py",)),
+    Plant("one-sided-edge-swapped", "a rate on one side only is explained at the wrong edge "
+          "of the sweep", "bench/compare_policies.py",
+          "    k = 0 if where == \"below\" else len(runs) - 1",
+          "    k = len(runs) - 1 if where == \"below\" else 0",
+          ("tests/bench/test_histogram_quantile.py",)),
 ]
 
 

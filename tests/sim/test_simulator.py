@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import math
 import subprocess
 import sys
 
@@ -402,7 +401,8 @@ def test_cli_hardware_mode_json(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "dualpace", "simulate", "--hardware", "rtx4090-xeon4510",
          "--model", "llama-3.1-8b", "--trace", str(trace), "--num-requests", "40",
-         "--rates", "1,4,16", "--json", "--host-kv-gib-sweep", "30,120"],
+         "--rates", "1,4,16", "--json", "--host-kv-gib-sweep", "30,120",
+         "--targets", "1,5,1.5"],
         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
@@ -410,7 +410,15 @@ def test_cli_hardware_mode_json(tmp_path):
     for p in res["policies"].values():
         assert set(p["p99_ttft_ms"]) == {"1.0", "4.0", "16.0"}
     assert set(res["what_if"]) == {"host_kv_gib=30.0", "host_kv_gib=120.0"}
-    assert res["setup"]["gpu_kv_blocks"] > 0 and not math.isnan(res["targets"]["p99_itl_ms"])
+    assert res["setup"]["gpu_kv_blocks"] > 0
+    # the paper's targets as given, not a multiple of the gpu-only point
+    assert res["targets"] == {"mean_normalized_latency_s": 1.0, "p99_ttft_ms": 5000.0,
+                              "p99_itl_ms": 1500.0}
+    bad = subprocess.run([sys.executable, "-m", "dualpace", "simulate", "--model",
+                          "llama-3.1-8b", "--hardware", "rtx4090-xeon4510", "--targets", "1,5",
+                          "--trace", str(trace), "--rates", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "three positive numbers" in bad.stderr
     bad = subprocess.run([sys.executable, "-m", "dualpace", "simulate", "--model", "x",
                           "--trace", str(trace), "--rates", "1"],
                          capture_output=True, text=True, timeout=120)
