@@ -291,8 +291,10 @@ def simulated_sweeps(model: str, jobs, policies, args, profile: dict) -> tuple[d
     return median, per_seed
 
 
-def per_sweep_simulation(model: str, jobs, policies, args, out: Path) -> tuple[dict, dict]:
-    """--simulate --per-sweep: each real sweep a --repeat run left in ``out``/rep1 .. repN,
+def per_sweep_simulation(model: str, jobs, policies, args, out: Path,
+                         reps: list[dict]) -> tuple[dict, dict]:
+    """--simulate --per-sweep: each real sweep a --repeat run left in ``out``/rep1 .. repN
+    (``reps``, their runs by policy),
     simulated with step costs fitted to its own steps alone (rep<i>/profile-measured.json,
     ``fit_measured_profile``) over args.repeat jitter seeds (``simulated_sweeps``); the
     result is the per-rate median of those N simulated sweeps, as the real compare.json is
@@ -304,7 +306,6 @@ def per_sweep_simulation(model: str, jobs, policies, args, out: Path) -> tuple[d
     and its simulation validated against that sweep alone (at that sweep's own targets)."""
     import copy
 
-    reps = saved_sweeps(out, policies)
     sims, each = [], {}
     for i, runs in enumerate(reps, 1):
         rep_args = copy.copy(args)
@@ -350,15 +351,16 @@ def _spread(real: float | None, sim: float | None, values: list) -> dict:
     return entry
 
 
-def one_sided(real: list[dict], sim: list[dict], metric: str, target: float) -> dict:
+def one_sided(real: list[dict], sim: list[dict], metric: str, target: float,
+              side: str) -> dict:
     """Why a sustainable rate exists on one side only (it is never extrapolated), and how far
     apart the curves are where that is decided: ``outside``, the side without a rate and
     whether its curve was already above the target at the sweep's lowest rate ("below": the
     rate lies under the sweep) or never reached it ("beyond"); the metric on both sides at
-    that edge rate and the simulation's relative error there. On the Zen 4 box (2026-12-06)
+    that edge rate and the simulation's relative error there. ``side``: "real" or
+    "simulated", the one without a rate. On the Zen 4 box (2026-12-06)
     gated's real curve ran 0.0165 s/token at 2 req/s against a 12x target of 0.0168, the
     simulated one 0.0171: a rate of 2.0 against none, from curves 3.6% apart."""
-    side = "simulated" if sustainable_rate_of(real, metric, target) is not None else "real"
     runs = sim if side == "simulated" else real
     where = "below" if runs[0][metric] > target else "beyond"
     k = 0 if where == "below" else len(runs) - 1
@@ -366,14 +368,6 @@ def one_sided(real: list[dict], sim: list[dict], metric: str, target: float) -> 
     return {"outside": side, "where": where, "rate": runs[k]["request_rate"],
             "real_metric": a, "simulated_metric": b, "metric_error": _err(a, b),
             "target": target}
-
-
-def sustainable_rate_of(runs: list[dict], metric: str, target: float) -> float | None:
-    """``sustainable_rate`` of one sweep's points on one metric."""
-    from dualpace.workload import sustainable_rate
-
-    return sustainable_rate([r["request_rate"] for r in runs], [r[metric] for r in runs],
-                            target)
 
 
 def validation(real: dict, simulated: dict, factor: float,
@@ -409,8 +403,9 @@ def validation(real: dict, simulated: dict, factor: float,
                 name = key if f == factor else f"{key}_at_{f:g}x"
                 out[p][name] = _spread(a[key], b[key], [e[key] for e in each])
                 if (a[key] is None) != (b[key] is None):
-                    out[p][name]["one_sided"] = one_sided(runs[p], sim_runs, metric,
-                                                          targets[metric])
+                    out[p][name]["one_sided"] = one_sided(
+                        runs[p], sim_runs, metric, targets[metric],
+                        "real" if a[key] is None else "simulated")
         per_rate = {}
         for i, (r, s) in enumerate(zip(runs[p], sim_runs)):
             per_rate[str(r["request_rate"])] = {
@@ -656,8 +651,9 @@ def saved_sweeps(out: Path, policies) -> list[dict]:
     return reps
 
 
-def _check_per_sweep(out: Path) -> None:
-    """--per-sweep needs the real median in ``out`` and every sweep it was taken of."""
+def per_sweep_reps(out: Path, policies) -> list[dict]:
+    """--per-sweep's real sweeps (``saved_sweeps``): the real median in ``out`` and every sweep
+    it was taken of must be there."""
     real = out / "compare.json"
     for need in (real, out / "rep1" / "compare.json"):
         if not need.exists():
@@ -665,11 +661,12 @@ def _check_per_sweep(out: Path) -> None:
                              f"--repeat run, and there is no {need}: run the real side with "
                              "--repeat N first")
     sweeps = json.loads(real.read_text()).get("sweeps")
-    found = len(saved_sweeps(out, []))
-    if sweeps != found:
+    reps = saved_sweeps(out, policies)
+    if sweeps != len(reps):
         raise SystemExit(f"compare_policies: {real} is the median of {sweeps} sweeps but "
-                         f"{out} holds {found} (rep1 ..): --per-sweep would validate "
+                         f"{out} holds {len(reps)} (rep1 ..): --per-sweep would validate "
                          "against another set of sweeps than the median's")
+    return reps
 
 
 def main() -> None:
@@ -744,9 +741,8 @@ def main() -> None:
     if args.simulate:
         name = "compare-sim"
         if args.per_sweep:
-            _check_per_sweep(out)
-            results, extra["per_sweep"] = per_sweep_simulation(model, jobs, policies, args,
-                                                               out)
+            results, extra["per_sweep"] = per_sweep_simulation(
+                model, jobs, policies, args, out, per_sweep_reps(out, policies))
         else:
             sim_profile = Path(args.sim_profile or out / "profile-measured.json")
             if not sim_profile.exists():

@@ -1276,6 +1276,14 @@ PLANTS = [
           "[(Path(rep_args.out), runs)])",
           "[(out / f\"rep{j}\", r) for j, r in enumerate(reps, 1)])",
           ("tests/bench/test_compare_per_sweep.py",)),
+    Plant("per-sweep-count-unchecked", "compare_policies --per-sweep validates a median of "
+          "other sweeps than the directory holds", "bench/compare_policies.py",
+          "    if sweeps != len(reps):", "    if False:",
+          ("tests/bench/test_compare_per_sweep.py",)),
+    Plant("per-sweep-takes-sim-profile", "compare_policies --per-sweep with --sim-profile "
+          "goes on as if it were not given", "bench/compare_policies.py",
+          "    if args.per_sweep and args.sim_profile:", "    if False:",
+          ("tests/bench/test_compare_per_sweep.py",)),
     Plant("per-sweep-first-sweep", "compare_policies --per-sweep reports the first sweep's "
           "simulation instead of the median", "bench/compare_policies.py",
           "    median = {p: [median_run([s[p][k] for s in sims])",
@@ -1287,7 +1295,7 @@ PLANTS = [
           ("tests/sim/test_targets.py",)),
     Plant("targets-ignored", "simulate --targets is parsed and then left unused",
           "dualpace/sim/cli.py",
-          "    targets = absolute_targets(args.targets) or sweep_targets(",
+          "    targets = targets or sweep_targets(",
           "    targets = sweep_targets(", ("tests/sim/test_simulator.py::"
                                           "test_cli_hardware_mode_json",)),
     Plant("gains-normalized-only", "simulate's gains leave out the P99 TTFT and ITL rates",

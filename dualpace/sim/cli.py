@@ -138,7 +138,10 @@ def build(args, config, policy: str, host_kv_gib: float | None = None,
         raise SystemExit(f"simulate: {args.profile}: {e}") from None
 
 
-def sweep(args, config, jobs, policies, rates, host_kv_gib=None, cpu_cores=None) -> dict:
+def sweep(args, config, jobs, policies, rates, host_kv_gib=None, cpu_cores=None,
+          targets: dict | None = None) -> dict:
+    """Every policy at every rate; ``targets``: absolute ones (--targets), else
+    --target-factor x gpu-only's lowest-rate point."""
     from dualpace.sim.delivery import policy_delivery
     from dualpace.sim.run import simulate
     from dualpace.workload import sweep_summary, sweep_targets
@@ -159,7 +162,7 @@ def sweep(args, config, jobs, policies, rates, host_kv_gib=None, cpu_cores=None)
                   f"p99 ttft {r['p99_ttft_ms']:.0f} ms, p99 itl {r['p99_itl_ms']:.0f} ms "
                   f"({r['simulator']['wall_s']} s)", file=sys.stderr)
     ref = runs.get("gpu-only", next(iter(runs.values())))
-    targets = absolute_targets(args.targets) or sweep_targets(ref, args.target_factor)
+    targets = targets or sweep_targets(ref, args.target_factor)
     summary = {p: sweep_summary(rs, targets) for p, rs in runs.items()}
     return {"policies": summary, "targets": targets, "gains": policy_gains(summary),
             "setup": {"gpu_kv_blocks": setup.gpu_blocks, "host_kv_blocks": setup.host_blocks,
@@ -193,7 +196,7 @@ def cmd_simulate(args) -> int:
     rates = _floats(args.rates)
     if not rates:
         raise SystemExit("simulate: --rates is empty")
-    absolute_targets(args.targets)  # refused before anything runs
+    targets = absolute_targets(args.targets)  # refused before anything runs
     kv_sweep = _floats(args.host_kv_gib_sweep) or [None]
     core_sweep = [int(c) for c in _floats(args.cpu_cores_sweep)] or [None]
     if core_sweep != [None] and not args.hardware:
@@ -204,7 +207,7 @@ def cmd_simulate(args) -> int:
         for cores in core_sweep:
             key = ",".join(f"{k}={v}" for k, v in (("host_kv_gib", kv), ("cpu_cores", cores))
                            if v is not None) or "base"
-            results[key] = sweep(args, config, jobs, policies, rates, kv, cores)
+            results[key] = sweep(args, config, jobs, policies, rates, kv, cores, targets)
     base = next(iter(results.values()))
     out = {"bench": "simulate", "source": args.hardware or args.profile, "model": args.model,
            "num_requests": len(jobs), "rates": rates, "policies": base["policies"],

@@ -64,8 +64,9 @@ def _args(out: Path) -> argparse.Namespace:
 def test_each_sweep_is_simulated_with_its_own_steps_and_the_median_taken(three_sweeps):
     import compare_policies
 
+    reps = compare_policies.per_sweep_reps(three_sweeps, ["gpu-only"])
     median, each = compare_policies.per_sweep_simulation(
-        "m", [], ["gpu-only"], _args(three_sweeps), three_sweeps)
+        "m", [], ["gpu-only"], _args(three_sweeps), three_sweeps, reps)
     # each sweep's profile is fitted to its own steps alone: overhead 1 ms x its pace
     for name, pace in (("rep1", 1.0), ("rep2", 1.1), ("rep3", 1.6)):
         prof = json.loads((three_sweeps / name / "profile-measured.json").read_text())
@@ -84,12 +85,13 @@ def test_each_sweep_is_simulated_with_its_own_steps_and_the_median_taken(three_s
 def test_per_sweep_needs_the_sweeps_the_real_median_was_taken_of(three_sweeps, tmp_path):
     import compare_policies
 
-    compare_policies._check_per_sweep(three_sweeps)  # three sweeps, a median of three
+    # three sweeps, a median of three
+    assert len(compare_policies.per_sweep_reps(three_sweeps, ["gpu-only"])) == 3
     (three_sweeps / "compare.json").write_text(json.dumps({"runs": {}, "sweeps": 2}))
     with pytest.raises(SystemExit, match=r"median of 2 sweeps but .* holds 3"):
-        compare_policies._check_per_sweep(three_sweeps)
+        compare_policies.per_sweep_reps(three_sweeps, ["gpu-only"])
     with pytest.raises(SystemExit, match=r"no .*rep1/compare\.json"):
-        compare_policies._check_per_sweep(tmp_path / "rep1")
+        compare_policies.per_sweep_reps(tmp_path / "rep1", ["gpu-only"])
 
 
 def test_per_sweep_flags_are_checked_before_anything_runs(monkeypatch, tmp_path):
