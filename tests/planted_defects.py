@@ -1307,6 +1307,32 @@ PLANTS = [
           "    k = 0 if where == \"below\" else len(runs) - 1",
           "    k = len(runs) - 1 if where == \"below\" else 0",
           ("tests/bench/test_histogram_quantile.py",)),
+    Plant("stage-wait-ignored", "an assist call on a busy GPU is served at once, not at its "
+          "step's next stage boundary", "dualpace/sim/workers.py",
+          "            wait = r.to_boundary() / self._pace(r)", "            wait = 0.0",
+          ("tests/sim/test_stage_boundary.py",)),
+    Plant("assist-leaves-gpu-step", "an assist call served at a stage boundary does not "
+          "lengthen the GPU step", "dualpace/sim/workers.py",
+          "            r.work += call.gpu", "            r.work += 0.0",
+          ("tests/sim/test_stage_boundary.py",)),
+    Plant("idle-assist-free", "a GPU step issued while an idle GPU serves an assist call "
+          "starts at once", "dualpace/sim/workers.py",
+          "max(self.assist_until, self._now()) + call.gpu",
+          "max(self.assist_until, self._now())",
+          ("tests/sim/test_stage_boundary.py",)),
+    Plant("stages-count-pre-post", "the GPU step's stage boundaries counted over N + 2 "
+          "stages where the model folds them into N", "dualpace/sim/workers.py",
+          "        stage = self.main / self.stages",
+          "        stage = self.main / (self.stages + 2)",
+          ("tests/sim/test_stage_boundary.py",)),
+    Plant("fused-n-plus-one-calls", "Fused-Assist makes N post-attention calls plus a "
+          "post-layer one (Eq. 7 has N - 1 and a fused final)", "dualpace/sim/costs.py",
+          "            calls = (*[AssistCall(local / n, wait, gpu)] * (n - 1),",
+          "            calls = (*[AssistCall(local / n, wait, gpu)] * n,",
+          ("tests/sim/test_simulator.py::test_cpu_roofline_by_hand",)),
+    Plant("scores-without-stage-wait", "Algorithm 1's roofline scores leave out q_x",
+          "dualpace/sim/costs.py", "len(c.calls) * stage_wait", "0 * stage_wait",
+          ("tests/sim/test_stage_boundary.py",)),
 ]
 
 

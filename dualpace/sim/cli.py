@@ -167,6 +167,7 @@ def sweep(args, config, jobs, policies, rates, host_kv_gib=None, cpu_cores=None,
     return {"policies": summary, "targets": targets, "gains": policy_gains(summary),
             "setup": {"gpu_kv_blocks": setup.gpu_blocks, "host_kv_blocks": setup.host_blocks,
                       "block_size": setup.block_size, "thresholds": list(setup.thresholds),
+                      "stage_wait_s": round(setup.stage_wait_s, 6),
                       **dataclasses.asdict(setup.limits)},
             "runs": runs}
 

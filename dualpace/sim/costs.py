@@ -62,10 +62,22 @@ MAX_LOST = 0.9  # the contention term's ceiling: a step beside the other keeps 1
 
 
 @dataclass(frozen=True)
+class AssistCall:
+    """One Dense Assist call of a CPU step, in step order (§4.2)."""
+
+    before: float  # CPU-local seconds of the step since the previous call (or the start)
+    wait: float  # CPU-visible service once GPU-main takes it: GPU time + the activations' trip
+    gpu: float  # GPU-main time it takes (Eq. 8's d_x: execution + launch/finalisation)
+
+
+@dataclass(frozen=True)
 class CpuStepCost:
-    seconds: float  # the CPU step, as the CPU engine waits for it
+    seconds: float  # the CPU step, as the CPU engine waits for it (no stage-boundary wait)
     attention: float  # its attention part (what the gated policy's Eq. 1 observes)
     gpu_disturbance: float  # GPU-main time its Dense Assist calls take (Eq. 8)
+    # Its assist calls, where the cost model leaves the stage-boundary wait to the workers
+    # (``boundary_waits``): seconds = sum(before + wait) + what runs after the last call.
+    calls: tuple[AssistCall, ...] = ()
 
 
 class CostModel(Protocol):
@@ -84,6 +96,11 @@ class CostModel(Protocol):
     def slowdown(self, kind: str, route: str = "") -> float:
         """How many times slower a ``kind`` ("gpu" or "cpu"; ``route``: the CPU step's)
         step progresses while the other group runs a step: 1 where they do not contend."""
+
+    # Optional ``boundary_waits`` (a class attribute): True where a CPU step's Dense Assist
+    # calls (``CpuStepCost.calls``) must wait for GPU-main's next stage boundary, which the
+    # simulated workers then model call by call. Fitted costs leave it unset: the steps they
+    # were fitted to already waited.
 
 
 # --- fitted from the real runtime's step log ---------------------------------------------------
@@ -548,8 +565,16 @@ class RooflineCosts:
     - CPU: bandwidth min(DRAM BW, cores x per-core BW) x e_mem; attention: attended KV bytes
       over it; dense stages: max(weight bytes / BW, 2 x params x rows / (cores x per-core
       FLOP/s x e_flops)); Dense Assist: the GPU runs the offloaded stage (its dense roofline)
-      behind a fixed call overhead and the activations' trip over the host link both ways.
+      behind a fixed call overhead and the activations' trip over the host link both ways;
+      Fused-Assist makes N calls, N - 1 post-attention ones and a final one that runs the
+      last post-attention stage and the post-layer (Eq. 7-8).
+    - The stage-boundary wait (§4.2: a call waits for "the completion of the current stage"
+      of a busy GPU-main step): not in ``cpu_step``, whose calls the simulated workers run
+      one by one against the GPU step actually in flight (``boundary_waits``); for
+      Algorithm 1's scores, ``stage_wait``.
     """
+
+    boundary_waits = True
 
     def __init__(self, hw: Hardware, shape: ModelShape):
         self.hw, self.m = hw, shape
@@ -607,11 +632,19 @@ class RooflineCosts:
         return context * self.m.kv_bytes_per_token / self.cpu_bandwidth()
 
     def assist_call(self, params: int, rows: int, floats_each_way: int) -> tuple[float, float]:
-        """(CPU-visible wait, GPU-main time) of one Dense Assist call over ``rows`` rows."""
+        """(CPU-visible wait, GPU-main time) of one Dense Assist call over ``rows`` rows, once
+        GPU-main takes it (the stage-boundary wait is not in it)."""
         g = self.hw.gpu
         gpu = self.gpu_dense(params, rows) + g.assist_overhead_s
         move = 2 * rows * floats_each_way * 4 / (g.link_gbps * 1e9 * g.eff_link)
         return gpu + move, gpu
+
+    def stage_wait(self, step: GpuStepWork) -> float:
+        """The mean stage-boundary wait of a call that lands at a uniformly random moment of
+        a GPU-main ``step``: half a stage, a stage being 1/N of the step (N layers; the
+        pre-layer and post-layer are folded into them). Appendix B's q_x, as the roofline
+        sees it."""
+        return self.gpu_step(step) / self.m.num_layers / 2
 
     def cpu_step(self, w: CpuStepWork) -> CpuStepCost:
         m, b = self.m, w.batch
@@ -624,22 +657,30 @@ class RooflineCosts:
         head = self.cpu_dense(m.head_params, b)
         if w.route == FULL_CPU:
             return CpuStepCost(over + att + qkv + post + head, att, 0.0)
-        if w.route == SPLIT_FINAL:
+        if w.route == SPLIT_FINAL:  # one call, after the last layer: the post-layer
             wait, gpu = self.assist_call(m.head_params, b, m.hidden)
-            return CpuStepCost(over + att + qkv + post + wait, att, gpu)
-        if w.route == FUSED_ASSIST:
+            local = over + att + qkv + post
+            return CpuStepCost(local + wait, att, gpu, (AssistCall(local, wait, gpu),))
+        if w.route == FUSED_ASSIST:  # a call per layer after its attention; the last one
+            n = m.num_layers  # also runs the post-layer
             wait, gpu = self.assist_call(m.post_attn_params, b, m.hidden + m.q_size)
-            hw, hg = self.assist_call(m.head_params, b, m.hidden)
-            n = m.num_layers
-            return CpuStepCost(over + att + qkv + n * wait + hw, att, n * gpu + hg)
+            last_wait, last_gpu = self.assist_call(m.post_attn_params + m.head_params, b,
+                                                   m.hidden + m.q_size)
+            local = over + att + qkv
+            calls = (*[AssistCall(local / n, wait, gpu)] * (n - 1),
+                     AssistCall(local / n, last_wait, last_gpu))
+            return CpuStepCost(local + (n - 1) * wait + last_wait, att,
+                               (n - 1) * gpu + last_gpu, calls)
         raise ValueError(f"unknown route {w.route!r}")
 
-    def route_scores(self, batch_sizes, context_per_row: int = 0) -> dict[int, dict[str, float]]:
-        """Eq. 6 (λ = 1) on the modeled routes: CPU step time plus GPU disturbance."""
+    def route_scores(self, batch_sizes, context_per_row: int = 0,
+                     stage_wait: float = 0.0) -> dict[int, dict[str, float]]:
+        """Eq. 6 (λ = 1) on the modeled routes: CPU step time, each assist call's
+        ``stage_wait`` (q_x of Eq. 14, CPU-visible only), plus GPU disturbance."""
         out = {}
         for b in batch_sizes:
             out[b] = {}
             for r in (FULL_CPU, SPLIT_FINAL, FUSED_ASSIST):
                 c = self.cpu_step(CpuStepWork(b, b * context_per_row, r))
-                out[b][r] = c.seconds + c.gpu_disturbance
+                out[b][r] = c.seconds + len(c.calls) * stage_wait + c.gpu_disturbance
         return out

@@ -156,5 +156,7 @@ def simulate(setup: SimSetup, costs: CostModel, policy: str, jobs: list[Job], ra
     out["simulator"] = {"wall_s": round(time.perf_counter() - wall, 3),
                         "steps": dict(workers.steps),
                         "busy_s": {k: round(v, 3) for k, v in workers.busy.items()},
+                        "assist_calls": workers.assist_calls,
+                        "stage_wait_s": round(workers.stage_wait, 3),
                         "invariants_checked": check}
     return out

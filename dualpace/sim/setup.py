@@ -11,6 +11,7 @@ from pathlib import Path
 from dualpace.engine.state import Limits
 from dualpace.kv.block_pool import blocks_for_tokens
 from dualpace.profiler.fitting import choose_thresholds
+from dualpace.runtime.step_work import GpuStepWork
 from dualpace.sim.costs import RooflineCosts
 from dualpace.sim.hardware import SETUPS, Hardware
 from dualpace.sim.shape import ModelShape
@@ -27,6 +28,7 @@ class SimSetup:
     limits: Limits
     thresholds: tuple[int, int]
     num_layers: int
+    stage_wait_s: float = 0.0  # hardware mode: the q_x Algorithm 1's scores charged a call
 
 
 def setup_from_config(config) -> SimSetup:
@@ -63,17 +65,32 @@ def setup_from_hardware(hw: Hardware, shape: ModelShape, *, block_size: int = 16
                         thresholds: tuple[int, int] | None = None) -> SimSetup:
     """Pools from the box's memory; (P, F) from Algorithm 1 over the modeled routes (the
     profiler's rule on the roofline's Eq. 6 scores) unless given. Defaults: the paper's
-    evaluation settings (C = 256, a 1,024-token GPU limit on the RTX 4090 box)."""
+    evaluation settings (C = 256, a 1,024-token GPU limit on the RTX 4090 box).
+
+    The scores charge each assist call the stage-boundary wait q_x (Eq. 14) of a GPU-main
+    step filled to the batched-token limit with one prompt chunk (``limit_step_wait``)."""
     block_bytes = block_size * shape.kv_bytes_per_token
     staging = blocks_for_tokens(max(max_num_batched_tokens, max_model_len),
                                 block_size) + max_num_seqs
+    q = limit_step_wait(RooflineCosts(hw, shape), max_num_batched_tokens)
     if thresholds is None:
         scores = RooflineCosts(hw, shape).route_scores(
-            [b for b in ROUTE_BATCHES if b <= cpu_batch_limit])
+            [b for b in ROUTE_BATCHES if b <= cpu_batch_limit], stage_wait=q)
         thresholds = choose_thresholds(scores, shape.num_layers, EPS)
     limits = Limits(max_num_seqs=max_num_seqs, gpu_token_limit=max_num_batched_tokens,
                     cpu_batch_limit=cpu_batch_limit, max_model_len=max_model_len,
                     staging_blocks=staging)
     return SimSetup(hw.gpu_kv_blocks(shape.weight_bytes, block_bytes),
                     hw.host_kv_blocks(block_bytes, host_kv_gib), block_size, limits,
-                    tuple(thresholds), shape.num_layers)
+                    tuple(thresholds), shape.num_layers, q)
+
+
+def limit_step_wait(costs: RooflineCosts, limit: int) -> float:
+    """q_x for Algorithm 1 on a modeled box: the mean stage-boundary wait of a call during a
+    GPU-main step of ``limit`` prompt tokens (one chunk from position 0). The paper's q_x
+    comes from end-to-end calibration runs on the box (Appendix B, Eq. 12); a roofline has
+    no such run, and the thresholds matter at the sustainable rate, where queued prompts
+    keep the GPU's steps filled to the limit. A decode-only step would make q_x several
+    times smaller (a 256-row decode step is ~20 ms on the RTX 4090 against ~150 ms here)."""
+    return costs.stage_wait(GpuStepWork(prefill_tokens=limit, context=limit,
+                                        prefill_context=limit * (limit // 2)))

@@ -117,14 +117,26 @@ def test_cpu_roofline_by_hand():
     want = 0.125 + att + 2 * dense(128, 4) + 2 * dense(448, 4) + dense(80, 4)
     assert full.seconds == pytest.approx(want) and full.gpu_disturbance == 0
     assert full.attention == pytest.approx(att)
+    # Eq. 7-8's Fused-Assist: (N - 1) post-attention calls, then a final call that runs the
+    # last post-attention stage and the post-layer; N = 2 layers here
     fused = c.cpu_step(CpuStepWork(4, 100, "fused-assist"))
     gpu_post = 0.25 + c.gpu_dense(448, 4)
+    gpu_last = 0.25 + c.gpu_dense(448 + 80, 4)
+    move = 2 * 4 * (8 + 8) * 4 / 2e9  # 4 rows of residual + attention output, fp32, both ways
+    local = 0.125 + att + 2 * dense(128, 4)
+    assert fused.seconds == pytest.approx(local + gpu_post + move + gpu_last + move)
+    assert fused.gpu_disturbance == pytest.approx(gpu_post + gpu_last)
+    # the workers run its calls one by one: each after its layer's share of the local work
+    assert [v for x in fused.calls for v in (x.before, x.wait, x.gpu)] == pytest.approx(
+        [local / 2, gpu_post + move, gpu_post, local / 2, gpu_last + move, gpu_last])
+    split = c.cpu_step(CpuStepWork(4, 100, "split-final"))
     gpu_head = 0.25 + c.gpu_dense(80, 4)
-    move_post = 2 * 4 * (8 + 8) * 4 / 2e9
+    local = 0.125 + att + 2 * dense(128, 4) + 2 * dense(448, 4)
     move_head = 2 * 4 * 8 * 4 / 2e9
-    assert fused.seconds == pytest.approx(0.125 + att + 2 * dense(128, 4)
-                                          + 2 * (gpu_post + move_post) + gpu_head + move_head)
-    assert fused.gpu_disturbance == pytest.approx(2 * gpu_post + gpu_head)
+    assert split.seconds == pytest.approx(local + gpu_head + move_head)
+    assert [v for x in split.calls for v in (x.before, x.wait, x.gpu)] == pytest.approx(
+        [local, gpu_head + move_head, gpu_head])
+    assert full.calls == ()
     neo = c.cpu_step(CpuStepWork(4, 100, "neo-pipeline"))
     assert neo.seconds == pytest.approx(0.125 + att) and neo.gpu_disturbance == 0
 
