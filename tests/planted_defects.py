@@ -1333,6 +1333,23 @@ PLANTS = [
     Plant("scores-without-stage-wait", "Algorithm 1's roofline scores leave out q_x",
           "dualpace/sim/costs.py", "len(c.calls) * stage_wait", "0 * stage_wait",
           ("tests/sim/test_stage_boundary.py",)),
+    Plant("calibration-meets-prefill", "calls may be issued during a population's last "
+          "decode step, so they can wait behind the next prefill",
+          "dualpace/profiler/run.py", "if k == self.steps - 1:", "if k == self.steps:",
+          ("tests/profiler/test_calibration_load.py",)),
+    Plant("calibration-window-left-open", "a stopped load leaves calls let through",
+          "dualpace/profiler/run.py",
+          "                self.decoding.clear()\n                self.rt.gpu.send(P.Release",
+          "                self.rt.gpu.send(P.Release",
+          ("tests/profiler/test_calibration_load.py",)),
+    Plant("half-stage-of-whole-step", "the profile's half stage forgets the N layers",
+          "dualpace/profiler/run.py", "main_step / mc.num_layers / 2", "main_step / 2",
+          ("tests/profiler/test_profile_run.py",)),
+    Plant("back-to-back-at-boundary", "a call that follows its predecessor at once is "
+          "taken as landing on a boundary",
+          "dualpace/sim/workers.py", "        done = self.main - self.work\n",
+          "        done = self.main - self.work\n        done = stage * round(done / stage)\n",
+          ("tests/sim/test_stage_boundary.py",)),
 ]
 
 

@@ -32,6 +32,8 @@ import itertools
 import json
 import logging
 import os
+import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -166,7 +168,13 @@ async def gpu_microbenchmarks(rt: Runtime, ch: AssistChannel, hidden: int, attn:
 
 class GpuLoad:
     """GPU-main work for the calibration: a synthetic population prefilled, then decoded
-    step after step until stopped (released and started over when its blocks run out)."""
+    step after step until stopped (released and started over when its blocks run out).
+    ``decoding`` is set while a call issued now can only meet decode steps: from the first
+    decode step until the population's last one is issued. Appendix B's load is a decoding
+    population; a call that waited behind the population's prefill (on this box a 1,024-token
+    prefill stage is ~20x a decode stage) measured that prefill, not a decode step's stage
+    boundary, and the first path calibrated (p) met it every time (its q_x came out 43 ms
+    in a quick profile, the other paths' 0.8-0.9 ms)."""
 
     def __init__(self, rt: Runtime, rows: int, context: int, steps: int, ids):
         cfg = rt.config
@@ -176,10 +184,13 @@ class GpuLoad:
         if self.per_req * rows > cfg.gpu_kv_blocks:
             self.rows = max(1, cfg.gpu_kv_blocks // self.per_req)
         self.req_ids = itertools.count(1 << 30)
+        self.decoding = threading.Event()  # read by the calling thread
 
-    async def run(self) -> None:
+    async def run(self, populations: int | None = None) -> list[float]:
+        """Until cancelled, or ``populations`` populations; the decode steps' wall times."""
         spec = P.SamplingSpec(temperature=0.0, top_p=1.0, top_k=-1, seed=0)
-        while True:
+        decode_s: list[float] = []
+        while populations is None or populations > 0:
             reqs = [next(self.req_ids) for _ in range(self.rows)]
             tables = [list(range(i * self.per_req, (i + 1) * self.per_req))
                       for i in range(self.rows)]
@@ -189,25 +200,37 @@ class GpuLoad:
                 seqs = [P.SeqStep(req_id=rid, token_ids=[1] * self.context, start_pos=0,
                                   new_blocks=t) for rid, t in zip(reqs, tables)]
                 await self.rt.gpu.step(P.GpuBatch(step_id=next(self.ids), seqs=seqs))
+                self.decoding.set()
                 for k in range(self.steps):
+                    if k == self.steps - 1:  # a call issued from now on could meet a prefill
+                        self.decoding.clear()
                     seqs = [P.SeqStep(req_id=rid, token_ids=[1], start_pos=self.context + k,
                                       out_index=k + 1) for rid in reqs]
+                    t0 = time.perf_counter()
                     await self.rt.gpu.step(P.GpuBatch(step_id=next(self.ids), seqs=seqs))
+                    decode_s.append(time.perf_counter() - t0)
             finally:
+                self.decoding.clear()
                 self.rt.gpu.send(P.Release(req_ids=reqs))
+            if populations is not None:
+                populations -= 1
+        return decode_s
 
 
 async def calibrate(rt: Runtime, ch: AssistChannel, hidden: int, attn: int, num_layers: int,
                     sizes: Sequence[int], s: ProfileSettings, ids
-                    ) -> dict[str, list[CalibrationCall]]:
+                    ) -> tuple[dict[str, list[CalibrationCall]], float]:
     """Appendix B's end-to-end calibration: assist calls of every path and batch row while
-    the GPU worker runs GPU-main steps; per call W here and G, L, F from the worker."""
+    the GPU worker runs GPU-main steps; per call W here and G, L, F from the worker. Also
+    the median wall time of the load's decode step with no call in flight (one population
+    first), against which a call's stage-boundary wait can be read (``dualpace simulate``
+    models it as half of one of the step's N layer stages)."""
     load = GpuLoad(rt, rows=8, context=128, steps=64, ids=ids)
+    alone = statistics.median(await load.run(populations=1))
     busy = asyncio.create_task(load.run())
     alive = pid_alive(rt.gpu.pid)
     calls: dict[str, list[CalibrationCall]] = {x: [] for x in PATHS}
     try:
-        await asyncio.sleep(0.05)  # the first GPU-main step is under way
         for path, op in PATH_OPS.items():
             layer = num_layers - 1 if op != OP_POST_ATTN else 0
             for b in sizes:
@@ -217,6 +240,8 @@ async def calibrate(rt: Runtime, ch: AssistChannel, hidden: int, attn: int, num_
 
                 def issue(op=op, layer=layer, h=h, a=a, b=b, waits=waits):
                     for _ in range(s.calibration_calls):
+                        if not load.decoding.wait(timeout=120):
+                            raise RuntimeError("calibration: GPU-main stopped decoding")
                         ch.call(op, layer, h, a if op != OP_POST_LAYER else None,
                                 _rows(b) if op != OP_POST_ATTN else None, alive,
                                 timeout=120, waits=waits)
@@ -229,7 +254,7 @@ async def calibrate(rt: Runtime, ch: AssistChannel, hidden: int, attn: int, num_
     finally:
         busy.cancel()
         await asyncio.gather(busy, return_exceptions=True)
-    return calls
+    return calls, alone
 
 
 async def _served(rt: Runtime, op: int, n: int, timeout: float = 10.0) -> list[list[int]]:
@@ -326,8 +351,8 @@ async def run_profile(config: EngineConfig, s: ProfileSettings, out_dir: Path) -
         for b in sizes:
             prims[b] = cpu_primitives(cpu_models, ch, b, s)
             gpu[b] = await gpu_microbenchmarks(rt, ch, mc.hidden_size, mc.q_size, b, s, ids)
-        calls = await calibrate(rt, ch, mc.hidden_size, mc.q_size, mc.num_layers, sizes, s,
-                                ids)
+        calls, main_step = await calibrate(rt, ch, mc.hidden_size, mc.q_size, mc.num_layers,
+                                           sizes, s, ids)
         decode = cpu_decode_throughput(cpu_models, sizes, s.decode_contexts, s,
                                        config.block_size)
     finally:
@@ -383,6 +408,10 @@ async def run_profile(config: EngineConfig, s: ProfileSettings, out_dir: Path) -
             "gpu_cuda_s": {str(b): v for b, v in gpu.items()},
             "calibration": {x: {"q_s": consts[x][0], "o_s": consts[x][1],
                                 "calls": len(calls[x])} for x in PATHS},
+            # the load's decode step alone, and half of one of its N layer stages: the
+            # simulator's stage-boundary wait, to read the q_s above against
+            "calibration_gpu_main_step_s": main_step,
+            "calibration_half_stage_s": main_step / mc.num_layers / 2,
         },
         "cpu_decode_tokens_per_s": {str(b): v for b, v in decode.items()},
         "gpu_prefill": {"tokens": tokens, "mean_tokens_per_s": means, "fitted": fitted},

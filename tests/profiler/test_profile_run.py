@@ -33,6 +33,11 @@ def test_profile_then_serve_with_it(llama_checkpoint, tmp_path):
     for x in ("p", "lS", "lA"):
         assert ab["calibration"][x]["calls"] == 3 * 3
         assert ab["calibration"][x]["q_s"] >= 0 and ab["calibration"][x]["o_s"] > 0
+    # the calibration load's decode step alone, and half of one of its layer stages
+    layers = json.loads((path / "config.json").read_text())["num_hidden_layers"]
+    step = ab["calibration_gpu_main_step_s"]
+    assert step > 0
+    assert ab["calibration_half_stage_s"] == pytest.approx(step / layers / 2)
     for b in ("1", "4", "16"):
         pr, g, c = ab["cpu_primitives_s"][b], ab["gpu_cuda_s"][b], prof["components"][b]
         q = {x: ab["calibration"][x]["q_s"] for x in ("p", "lS", "lA")}

@@ -85,6 +85,19 @@ def test_calls_on_a_busy_gpu_wait_for_its_next_stage_boundary():
     assert w.disturbance == 0  # served inside the step, nothing owed to the next one
 
 
+def test_back_to_back_calls_wait_a_stage_less_the_return_trip():
+    """The profiler's calibration issues calls back to back (Appendix B): call 1 lands at
+    0.1, waits to the 0.25 boundary, is served 0.25-0.3, the CPU resumes at 0.33; call 2
+    lands 0.03 into the GPU's next stage of its own work and waits 0.22 for its end (to
+    0.55), served 0.55-0.6, the CPU resumes at 0.63: a call that follows its predecessor at
+    once waits nearly a whole stage, not the half a uniformly random arrival waits."""
+    call = AssistCall(0.0, 0.08, 0.05)
+    ends, w = _run(_Staged([call, call]), 0.0, 0.1)
+    assert ends["cpu"] == pytest.approx(0.63)
+    assert w.stage_wait == pytest.approx(0.15 + 0.22)
+    assert ends["gpu"] == pytest.approx(1.1)
+
+
 def test_a_call_at_a_boundary_waits_for_nothing():
     call = AssistCall(0.15, 0.08, 0.05)  # lands at 0.25, a boundary
     ends, w = _run(_Staged([call]), 0.0, 0.1)
