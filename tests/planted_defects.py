@@ -1350,6 +1350,13 @@ PLANTS = [
           "dualpace/sim/workers.py", "        done = self.main - self.work\n",
           "        done = self.main - self.work\n        done = stage * round(done / stage)\n",
           ("tests/sim/test_stage_boundary.py",)),
+    Plant("boundary-waits-a-whole-stage", "a call at a stage boundary waits a stage more",
+          "dualpace/sim/workers.py", "return 0.0 if into <= DONE_EPS else stage - into",
+          "return stage - into", ("tests/sim/test_stage_boundary.py",)),
+    Plant("load-rows-overflow-pool", "the calibration load keeps more rows than the pool",
+          "dualpace/profiler/run.py", "if self.per_req * rows > cfg.gpu_kv_blocks:",
+          "if self.per_req * rows > 2 * cfg.gpu_kv_blocks:",
+          ("tests/profiler/test_calibration_load.py",)),
 ]
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from dualpace.engine.state import Limits
 from dualpace.kv.block_pool import blocks_for_tokens
 from dualpace.profiler.fitting import choose_thresholds
-from dualpace.runtime.step_work import GpuStepWork
+from dualpace.runtime import protocol as P
+from dualpace.runtime.step_work import gpu_step_work
 from dualpace.sim.costs import RooflineCosts
 from dualpace.sim.hardware import SETUPS, Hardware
 from dualpace.sim.shape import ModelShape
@@ -72,9 +73,10 @@ def setup_from_hardware(hw: Hardware, shape: ModelShape, *, block_size: int = 16
     block_bytes = block_size * shape.kv_bytes_per_token
     staging = blocks_for_tokens(max(max_num_batched_tokens, max_model_len),
                                 block_size) + max_num_seqs
-    q = limit_step_wait(RooflineCosts(hw, shape), max_num_batched_tokens)
+    costs = RooflineCosts(hw, shape)
+    q = limit_step_wait(costs, max_num_batched_tokens)
     if thresholds is None:
-        scores = RooflineCosts(hw, shape).route_scores(
+        scores = costs.route_scores(
             [b for b in ROUTE_BATCHES if b <= cpu_batch_limit], stage_wait=q)
         thresholds = choose_thresholds(scores, shape.num_layers, EPS)
     limits = Limits(max_num_seqs=max_num_seqs, gpu_token_limit=max_num_batched_tokens,
@@ -92,5 +94,5 @@ def limit_step_wait(costs: RooflineCosts, limit: int) -> float:
     no such run, and the thresholds matter at the sustainable rate, where queued prompts
     keep the GPU's steps filled to the limit. A decode-only step would make q_x several
     times smaller (a 256-row decode step is ~20 ms on the RTX 4090 against ~150 ms here)."""
-    return costs.stage_wait(GpuStepWork(prefill_tokens=limit, context=limit,
-                                        prefill_context=limit * (limit // 2)))
+    chunk = P.SeqStep(req_id=0, token_ids=[0] * limit, start_pos=0)
+    return costs.stage_wait(gpu_step_work(P.GpuBatch(step_id=0, seqs=[chunk])))
