@@ -1337,6 +1337,23 @@ PLANTS = [
           "decode step, so they can wait behind the next prefill",
           "dualpace/profiler/run.py", "if k == self.steps - 1:", "if k == self.steps:",
           ("tests/profiler/test_calibration_load.py",)),
+    Plant("calibration-back-to-back", "calibration calls follow each other at once",
+          "dualpace/profiler/run.py",
+          "pause = rng.uniform(0.0, step_s) if step_s > 0 else 0.0", "pause = 0.0",
+          ("tests/profiler/test_calibration_load.py",)),
+    Plant("calibration-fixed-spacing", "calibration calls are spaced by a fixed pause",
+          "dualpace/profiler/run.py",
+          "pause = rng.uniform(0.0, step_s) if step_s > 0 else 0.0", "pause = step_s / 2",
+          ("tests/profiler/test_calibration_load.py",)),
+    Plant("calibration-ready-before-pause", "the decoding check comes before the pause, so "
+          "a call may follow a window that closed meanwhile",
+          "dualpace/profiler/run.py",
+          "        sleep(pause)\n        if not ready():\n"
+          "            raise RuntimeError(\"calibration: GPU-main stopped decoding\")\n",
+          "        if not ready():\n"
+          "            raise RuntimeError(\"calibration: GPU-main stopped decoding\")\n"
+          "        sleep(pause)\n",
+          ("tests/profiler/test_calibration_load.py",)),
     Plant("calibration-window-left-open", "a stopped load leaves calls let through",
           "dualpace/profiler/run.py",
           "                self.decoding.clear()\n                self.rt.gpu.send(P.Release",

@@ -15,8 +15,11 @@ Appendix B as written, in four measurements:
    (ProfileAssist), every GPU rank timing its own repeats; the maximum over ranks (Eq. 10).
 3. End-to-end calibration with GPU-main busy: the GPU worker decodes a synthetic population
    step after step (boundaries active) while this process, standing in for the CPU worker,
-   issues assist calls of every path and batch row; per call the CPU-visible wait W and the
-   GPU worker's G, L, F give q_x and o_x (Eq. 12-13), so the stage-boundary wait is real.
+   issues assist calls of every path and batch row, each after a pause drawn over one
+   GPU-main step (a serving step's calls are not locked to GPU-main's boundaries; the
+   paper does not say how its calibration calls are spaced, see ``issue_spaced``); per call the CPU-visible
+   wait W and the GPU worker's G, L, F give q_x and o_x (Eq. 12-13), so the stage-boundary
+   wait is real.
 4. Eq. 14-15 combine them into the Eq. 7-8 components; Algorithm 1 picks (P, F).
 
 The GPU batched-token limit comes from one decoder layer's prefill over (B, L) shapes with at
@@ -32,6 +35,7 @@ import itertools
 import json
 import logging
 import os
+import random
 import statistics
 import threading
 import time
@@ -217,6 +221,32 @@ class GpuLoad:
         return decode_s
 
 
+def issue_spaced(n: int, step_s: float, rng: random.Random, ready: Callable[[], bool],
+                 call: Callable[[], None], sleep: Callable[[float], None] = time.sleep
+                 ) -> list[float]:
+    """``n`` calibration calls, each after a pause drawn uniformly from [0, ``step_s``) (one
+    GPU-main step) and once ``ready()`` (GPU-main decoding) says so; the pauses drawn.
+
+    Why the pause: a call issued the moment its predecessor returned lands just after the
+    stage boundary that served it and waits nearly a whole stage (back to back, the
+    profiler's q_x came out 1.2-1.3 stages on the 2-core Zen 3 VM). In serving a
+    Fused-Assist step computes the next layer's attention between its calls, and Appendix B
+    takes q_x from calls "executed under the same model, worker topology" as serving, whose
+    arrivals are not locked to GPU-main's boundaries; a pause uniform over one whole step
+    puts each call at a uniform phase of that step (of each of its N equal stages too), so
+    q_x is the mean wait of a call arriving at an unrelated time. The pause is drawn, not
+    fixed: a fixed spacing near a multiple of the stage would lock the phase again."""
+    pauses = []
+    for _ in range(n):
+        pause = rng.uniform(0.0, step_s) if step_s > 0 else 0.0
+        pauses.append(pause)
+        sleep(pause)
+        if not ready():
+            raise RuntimeError("calibration: GPU-main stopped decoding")
+        call()
+    return pauses
+
+
 async def calibrate(rt: Runtime, ch: AssistChannel, hidden: int, attn: int, num_layers: int,
                     sizes: Sequence[int], s: ProfileSettings, ids
                     ) -> tuple[dict[str, list[CalibrationCall]], float]:
@@ -224,12 +254,14 @@ async def calibrate(rt: Runtime, ch: AssistChannel, hidden: int, attn: int, num_
     the GPU worker runs GPU-main steps; per call W here and G, L, F from the worker. Also
     the median wall time of the load's decode step with no call in flight (one population
     first), against which a call's stage-boundary wait can be read (``dualpace simulate``
-    models it as half of one of the step's N layer stages)."""
+    models it as half of one of the step's N layer stages), and over which each call's
+    pause before it is drawn (``issue_spaced``)."""
     load = GpuLoad(rt, rows=8, context=128, steps=64, ids=ids)
     alone = statistics.median(await load.run(populations=1))
     busy = asyncio.create_task(load.run())
     alive = pid_alive(rt.gpu.pid)
     calls: dict[str, list[CalibrationCall]] = {x: [] for x in PATHS}
+    rng = random.Random(2024)
     try:
         for path, op in PATH_OPS.items():
             layer = num_layers - 1 if op != OP_POST_ATTN else 0
@@ -238,16 +270,15 @@ async def calibrate(rt: Runtime, ch: AssistChannel, hidden: int, attn: int, num_
                 h, a = torch.randn(b, hidden, generator=g), torch.randn(b, attn, generator=g)
                 waits: list[float] = []
 
-                def issue(op=op, layer=layer, h=h, a=a, b=b, waits=waits):
-                    for _ in range(s.calibration_calls):
-                        if not load.decoding.wait(timeout=120):
-                            raise RuntimeError("calibration: GPU-main stopped decoding")
-                        ch.call(op, layer, h, a if op != OP_POST_LAYER else None,
-                                _rows(b) if op != OP_POST_ATTN else None, alive,
-                                timeout=120, waits=waits)
+                def one(op=op, layer=layer, h=h, a=a, b=b, waits=waits):
+                    ch.call(op, layer, h, a if op != OP_POST_LAYER else None,
+                            _rows(b) if op != OP_POST_ATTN else None, alive,
+                            timeout=120, waits=waits)
 
                 await rt.assist_samples()  # drop what earlier calls left
-                await asyncio.to_thread(issue)
+                await asyncio.to_thread(
+                    issue_spaced, s.calibration_calls, alone, rng,
+                    lambda: load.decoding.wait(timeout=120), one)
                 served = await _served(rt, op, len(waits))
                 calls[path] += [CalibrationCall(b, w, g * 1e-6, lt * 1e-6, f * 1e-6)
                                 for w, (_, _, g, lt, f) in zip(waits, served)]

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
+import statistics
 from types import SimpleNamespace
 
-from dualpace.profiler.run import GpuLoad
+import pytest
+
+from dualpace.profiler.run import GpuLoad, issue_spaced
 from dualpace.runtime import protocol as P
 
 
@@ -66,3 +70,53 @@ def test_a_cancelled_load_closes_the_window_and_releases_its_population():
 def test_rows_shrink_to_the_block_pool():
     load, _ = _load(steps=31, blocks=10)  # 32 + 31 + 1 tokens: 4 blocks a row
     assert load.per_req == 4 and load.rows == 2
+
+
+class _StageClock:
+    """GPU-main on a virtual clock: stage boundaries every ``stage`` seconds; a call waits
+    for the next boundary, then runs ``g`` seconds (the GPU holds the stage meanwhile)."""
+
+    def __init__(self, stage: float, g: float):
+        self.stage, self.g, self.now = stage, g, 0.0
+        self.waits: list[float] = []
+
+    def sleep(self, dt: float) -> None:
+        assert dt >= 0
+        self.now += dt
+
+    def call(self) -> None:
+        boundary = -(-self.now // self.stage) * self.stage  # the next boundary, or now
+        self.waits.append(boundary - self.now)
+        self.now = boundary + self.g
+
+
+def test_each_call_waits_for_its_pause_then_for_decoding():
+    events: list[tuple] = []
+    pauses = issue_spaced(5, 0.004, random.Random(7), lambda: events.append(("ready",)) or True,
+                          lambda: events.append(("call",)), lambda dt: events.append(("sleep", dt)))
+    assert len(pauses) == 5 and all(0.0 <= p < 0.004 for p in pauses)
+    assert events == [e for p in pauses for e in (("sleep", p), ("ready",), ("call",))]
+    assert len(set(pauses)) == 5  # drawn, not a fixed spacing
+    assert pauses == issue_spaced(5, 0.004, random.Random(7), lambda: True, lambda: None,
+                                  lambda dt: None)
+
+
+def test_a_load_that_stopped_decoding_gets_no_call():
+    calls: list[int] = []
+    with pytest.raises(RuntimeError, match="stopped decoding"):
+        issue_spaced(3, 0.001, random.Random(1), lambda: False, lambda: calls.append(1),
+                     lambda dt: None)
+    assert calls == []
+
+
+def test_spaced_calls_wait_half_a_stage_where_back_to_back_calls_wait_a_whole_one():
+    """The reason for the pause: a call issued the moment its predecessor returns lands
+    just after a boundary (plus the GPU time) and waits a stage less that; spaced over one
+    whole step (N = 8 stages), calls arrive at a uniform phase and wait half a stage."""
+    stage, g = 1.0e-3, 0.1e-3
+    tight = _StageClock(stage, g)
+    issue_spaced(400, 0.0, random.Random(3), lambda: True, tight.call, tight.sleep)
+    assert statistics.mean(tight.waits[1:]) == pytest.approx(stage - g, rel=1e-6)
+    spaced = _StageClock(stage, g)
+    issue_spaced(400, 8 * stage, random.Random(3), lambda: True, spaced.call, spaced.sleep)
+    assert 0.42 * stage < statistics.mean(spaced.waits) < 0.58 * stage
