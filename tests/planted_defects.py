@@ -1354,6 +1354,15 @@ PLANTS = [
           "            raise RuntimeError(\"calibration: GPU-main stopped decoding\")\n"
           "        sleep(pause)\n",
           ("tests/profiler/test_calibration_load.py",)),
+    Plant("rounds-case-by-case", "the decode-throughput cases are measured one after the "
+          "other, every round of a case before the next case",
+          "dualpace/profiler/run.py",
+          "    for _ in range(s.repeats):\n        for key, fns in cases.items():\n",
+          "    for key, fns in cases.items():\n        for _ in range(s.repeats):\n",
+          ("tests/profiler/test_profile_run.py",)),
+    Plant("rounds-fastest-rank", "a round's latency is the fastest rank's",
+          "dualpace/profiler/run.py", "rounds[key].append(max(row) / s.iters)",
+          "rounds[key].append(min(row) / s.iters)", ("tests/profiler/test_profile_run.py",)),
     Plant("calibration-window-left-open", "a stopped load leaves calls let through",
           "dualpace/profiler/run.py",
           "                self.decoding.clear()\n                self.rt.gpu.send(P.Release",

@@ -17,14 +17,15 @@ Appendix B as written, in four measurements:
    step after step (boundaries active) while this process, standing in for the CPU worker,
    issues assist calls of every path and batch row, each after a pause drawn over one
    GPU-main step (a serving step's calls are not locked to GPU-main's boundaries; the
-   paper does not say how its calibration calls are spaced, see ``issue_spaced``); per call the CPU-visible
-   wait W and the GPU worker's G, L, F give q_x and o_x (Eq. 12-13), so the stage-boundary
-   wait is real.
+   paper does not say how its calibration calls are spaced, see ``issue_spaced``); per
+   call the CPU-visible wait W and the GPU worker's G, L, F give q_x and o_x (Eq. 12-13),
+   so the stage-boundary wait is real.
 4. Eq. 14-15 combine them into the Eq. 7-8 components; Algorithm 1 picks (P, F).
 
 The GPU batched-token limit comes from one decoder layer's prefill over (B, L) shapes with at
 least K distinct n = B·L (isotonic fit, plateau rule); the CPU batch limit from one layer's
-decode throughput over batch sizes up to 256, stopping once past the host's peak.
+decode throughput over batch sizes up to 256, all of them measured in the same rounds
+(``interleaved_rounds``), and the peak taken.
 """
 
 from __future__ import annotations
@@ -320,31 +321,62 @@ def gpu_prefill_throughput(model: StagedModel, shapes, s: ProfileSettings, block
     return out
 
 
+def interleaved_rounds(cases: dict, s: ProfileSettings,
+                       clock: Callable[[], float] = time.perf_counter) -> dict[object, list[float]]:
+    """Every case measured in the same rounds: ``cases[key][q]`` is rank q's primitive. W
+    warm-ups of each first; then R rounds, each timing I calls of every case on every rank
+    in turn. Per case, one latency a round: the slowest rank's time over I (Eq. 10).
+
+    Why rounds: measured one case after the other (``measure``), a slow spell of the host
+    (on the 2-core VMs they last seconds) lands on every repeat of the cases measured then
+    and reorders a flat curve. In rounds a spell as long as one case's measurement spoils
+    one round of a few cases, which the median over rounds drops."""
+    for fns in cases.values():
+        for fn in fns:
+            for _ in range(s.warmup):
+                fn()
+    rounds: dict[object, list[float]] = {key: [] for key in cases}
+    for _ in range(s.repeats):
+        for key, fns in cases.items():
+            row = []
+            for fn in fns:
+                t0 = clock()
+                for _ in range(s.iters):
+                    fn()
+                row.append(clock() - t0)
+            rounds[key].append(max(row) / s.iters)
+    return rounds
+
+
 def cpu_decode_throughput(models: list[StagedModel], batch_sizes, contexts,
                           s: ProfileSettings, block_size: int) -> dict[int, float]:
     """tokens/s of one decoder layer's decode step (pre-attention, paged attention,
-    post-attention) per batch size, averaged over context lengths; stops once throughput
-    fell twice in a row after its peak (the host's peak, below 256)."""
-    out: dict[int, float] = {}
-    for b in batch_sizes:
-        rates = []
-        for ctx in contexts:
-            nb = blocks_for_tokens(ctx + 1, block_size)
-            fns = []
-            for m in models:
-                cfg = m.cfg
-                kv = KVCache(1, b * nb, cfg.num_kv_heads, block_size, cfg.head_dim, m.dtype)
-                fb = build_forward_batch([SeqChunk([1], ctx, list(range(i * nb, (i + 1) * nb)))
-                                          for i in range(b)], block_size)
-                h = torch.randn(b, cfg.hidden_size).to(m.dtype)
-                fns.append(lambda m=m, fb=fb, h=h, kv=kv: m.layer(0, h, fb, kv))
-            with torch.inference_mode():
-                rates.append(b / measure(fns, s))
-        out[b] = sum(rates) / len(rates)
-        vals = list(out.values())
-        if len(vals) >= 3 and vals[-1] < vals[-2] < max(vals):
-            break
-    return out
+    post-attention) per batch size, averaged over context lengths; every (batch, context)
+    measured in the same rounds (``interleaved_rounds``), its latency the median over them.
+    Each context's KV cache is sized for the largest batch and shared by the smaller ones
+    (their first blocks).
+
+    Every batch size is measured: the sweep used to stop once throughput fell twice in a
+    row past its maximum, and on a curve flat from batch 8 on (the demo model on the 2-core
+    Zen 3 VM, one core: 6.5-8k tokens/s from 8 to 256) a dip of a few percent ended it
+    early. Four runs of that sweep alternated with four of this one (2026-12-07, 43-48 s
+    each here, 6-44 s for the sweep): limits 256 / 8 / 16 / 16 against 32 / 256 / 256 /
+    256."""
+    cases: dict[tuple[int, int], list] = {}
+    for ctx in contexts:
+        nb = blocks_for_tokens(ctx + 1, block_size)
+        caches = [KVCache(1, max(batch_sizes) * nb, m.cfg.num_kv_heads, block_size,
+                          m.cfg.head_dim, m.dtype) for m in models]
+        for b in batch_sizes:
+            fb = build_forward_batch([SeqChunk([1], ctx, list(range(i * nb, (i + 1) * nb)))
+                                      for i in range(b)], block_size)
+            hs = [torch.randn(b, m.cfg.hidden_size).to(m.dtype) for m in models]
+            cases[(b, ctx)] = [lambda m=m, fb=fb, h=h, kv=kv: m.layer(0, h, fb, kv)
+                               for m, kv, h in zip(models, caches, hs)]
+    with torch.inference_mode():
+        latency = {key: statistics.median(r) for key, r in interleaved_rounds(cases, s).items()}
+    return {b: sum(b / latency[(b, ctx)] for ctx in contexts) / len(contexts)
+            for b in batch_sizes}
 
 
 def _cpu_models(config: EngineConfig, dtype: torch.dtype) -> list[StagedModel]:

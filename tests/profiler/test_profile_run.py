@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import statistics
 import subprocess
 import sys
 
 import pytest
 
 from dualpace import LLM, SamplingParams
+from dualpace.profiler.run import ProfileSettings, interleaved_rounds
 from dualpace.runtime.routing import route_for
 
 
@@ -64,3 +66,52 @@ def test_profile_then_serve_with_it(llama_checkpoint, tmp_path):
         assert llm.config.profile
         o = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0))[0]
         assert len(o.token_ids) == 4
+
+
+class _SpellClock:
+    """A fake host: ``call(cost)`` advances the clock by ``cost``, 1.5x while the clock is
+    inside the slow spell [start, end); every call is recorded."""
+
+    def __init__(self, start: float, end: float):
+        self.t, self.start, self.end = 0.0, start, end
+        self.calls: list[str] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def case(self, name: str, cost: float):
+        def call():
+            self.calls.append(name)
+            self.t += cost * (1.5 if self.start <= self.t < self.end else 1.0)
+        return call
+
+
+def test_rounds_interleave_every_case_after_all_warmups():
+    s = ProfileSettings(warmup=1, repeats=2, iters=2)
+    clock = _SpellClock(0.0, 0.0)
+    rounds = interleaved_rounds({"a": [clock.case("a0", 1.0), clock.case("a1", 3.0)],
+                                 "b": [clock.case("b0", 2.0)]}, s, clock)
+    assert clock.calls == ["a0", "a1", "b0"] + ["a0"] * 2 + ["a1"] * 2 + ["b0"] * 2 \
+        + ["a0"] * 2 + ["a1"] * 2 + ["b0"] * 2
+    assert rounds == {"a": [3.0, 3.0], "b": [2.0, 2.0]}  # the slowest rank's, per call
+
+
+def test_a_slow_spell_spoils_one_round_not_the_order():
+    """Two cases 5% apart and a slow spell as long as one case's measurement: measured one
+    after the other, the first case takes all of it and comes out slower; in rounds it
+    spoils one round of each, and the medians keep the order."""
+    s = ProfileSettings(warmup=1, repeats=3, iters=10)
+
+    def measured(interleaved: bool) -> dict[str, float]:
+        clock = _SpellClock(2.0, 30.0)
+        cases = {"fast": [clock.case("fast", 1.0)], "slow": [clock.case("slow", 1.05)]}
+        if interleaved:
+            rounds = interleaved_rounds(cases, s, clock)
+        else:
+            rounds = {k: interleaved_rounds({k: v}, s, clock)[k] for k, v in cases.items()}
+        return {k: statistics.median(r) for k, r in rounds.items()}
+
+    one_after_the_other = measured(False)
+    assert one_after_the_other["fast"] > one_after_the_other["slow"]
+    in_rounds = measured(True)
+    assert in_rounds == pytest.approx({"fast": 1.0, "slow": 1.05})
