@@ -305,9 +305,12 @@ async def _served(rt: Runtime, op: int, n: int, timeout: float = 10.0) -> list[l
 
 def gpu_prefill_throughput(model: StagedModel, shapes, s: ProfileSettings, block_size: int,
                            sync: Callable[[], None]) -> list[tuple[int, float]]:
-    """(tokens, tokens/s) of one decoder layer's prefill for each (B, L) shape."""
+    """(tokens, tokens/s) of one decoder layer's prefill for each (B, L) shape, every shape
+    measured in the same rounds (``interleaved_rounds``), its latency the median over them.
+    Measured one shape after the other, three full profiles within the hour on the 2-core
+    Zen 3 VM fitted limits of 512, 256 and none (a fit that did not rise)."""
     cfg = model.cfg
-    out = []
+    cases = {}
     for bsz, length in shapes:
         nb = blocks_for_tokens(length, block_size)
         kv = KVCache(1, bsz * nb, cfg.num_kv_heads, block_size, cfg.head_dim, model.dtype,
@@ -315,17 +318,19 @@ def gpu_prefill_throughput(model: StagedModel, shapes, s: ProfileSettings, block
         fb = build_forward_batch([SeqChunk([1] * length, 0, list(range(i * nb, (i + 1) * nb)))
                                   for i in range(bsz)], block_size, model.device)
         h = torch.randn(bsz * length, cfg.hidden_size).to(model.device, model.dtype)
-        with torch.inference_mode():
-            t = measure([lambda fb=fb, h=h, kv=kv: model.layer(0, h, fb, kv)], s, sync)
-        out.append((bsz * length, bsz * length / t))
-    return out
+        cases[(bsz, length)] = [lambda fb=fb, h=h, kv=kv: model.layer(0, h, fb, kv)]
+    with torch.inference_mode():
+        rounds = interleaved_rounds(cases, s, sync=sync)
+    return [(b * n, b * n / statistics.median(rounds[(b, n)])) for b, n in shapes]
 
 
 def interleaved_rounds(cases: dict, s: ProfileSettings,
-                       clock: Callable[[], float] = time.perf_counter) -> dict[object, list[float]]:
+                       clock: Callable[[], float] = time.perf_counter,
+                       sync: Callable[[], None] = lambda: None) -> dict[object, list[float]]:
     """Every case measured in the same rounds: ``cases[key][q]`` is rank q's primitive. W
     warm-ups of each first; then R rounds, each timing I calls of every case on every rank
-    in turn. Per case, one latency a round: the slowest rank's time over I (Eq. 10).
+    in turn, ``sync`` (the device's) before and after. Per case, one latency a round: the
+    slowest rank's time over I (Eq. 10).
 
     Why rounds: measured one case after the other (``measure``), a slow spell of the host
     (on the 2-core VMs they last seconds) lands on every repeat of the cases measured then
@@ -340,9 +345,11 @@ def interleaved_rounds(cases: dict, s: ProfileSettings,
         for key, fns in cases.items():
             row = []
             for fn in fns:
+                sync()
                 t0 = clock()
                 for _ in range(s.iters):
                     fn()
+                sync()
                 row.append(clock() - t0)
             rounds[key].append(max(row) / s.iters)
     return rounds

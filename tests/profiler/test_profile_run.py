@@ -90,9 +90,10 @@ def test_rounds_interleave_every_case_after_all_warmups():
     s = ProfileSettings(warmup=1, repeats=2, iters=2)
     clock = _SpellClock(0.0, 0.0)
     rounds = interleaved_rounds({"a": [clock.case("a0", 1.0), clock.case("a1", 3.0)],
-                                 "b": [clock.case("b0", 2.0)]}, s, clock)
-    assert clock.calls == ["a0", "a1", "b0"] + ["a0"] * 2 + ["a1"] * 2 + ["b0"] * 2 \
-        + ["a0"] * 2 + ["a1"] * 2 + ["b0"] * 2
+                                 "b": [clock.case("b0", 2.0)]}, s, clock,
+                                sync=lambda: clock.calls.append("sync"))
+    timed = [e for name in ("a0", "a1", "b0") for e in ("sync", name, name, "sync")]
+    assert clock.calls == ["a0", "a1", "b0", *timed, *timed]
     assert rounds == {"a": [3.0, 3.0], "b": [2.0, 2.0]}  # the slowest rank's, per call
 
 
