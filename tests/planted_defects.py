@@ -1368,6 +1368,13 @@ PLANTS = [
           "                    fn()\n                sync()\n                row.append",
           "                    fn()\n                row.append",
           ("tests/profiler/test_profile_run.py",)),
+    Plant("primitives-one-after-the-other", "each (batch, primitive) has all its repeats "
+          "before the next is timed",
+          "dualpace/profiler/run.py",
+          "    with torch.inference_mode():\n        rounds = interleaved_rounds(cases, s)\n",
+          "    with torch.inference_mode():\n        rounds = {key: interleaved_rounds("
+          "{key: fns}, s)[key] for key, fns in cases.items()}\n",
+          ("tests/profiler/test_profile_run.py",)),
     Plant("calibration-window-left-open", "a stopped load leaves calls let through",
           "dualpace/profiler/run.py",
           "                self.decoding.clear()\n                self.rt.gpu.send(P.Release",

@@ -10,7 +10,8 @@ Appendix B as written, in four measurements:
    a_w (residual + attention output in), a_r (hidden state out), h_w (Split-Final's final
    hidden state in), on the real shared-memory buffer. W warm-ups, then R repeats of I
    timed calls; with CPU tensor parallelism each rank's shard is timed and a repeat's
-   latency is the slowest rank's (Eq. 10-11).
+   latency is the slowest rank's (Eq. 10-11). Repeat j of every batch size and primitive
+   is one round (``interleaved_rounds``).
 2. GPU microbenchmarks g_p, g_lS, g_lA: each assist op's whole device path on the GPU worker
    (ProfileAssist), every GPU rank timing its own repeats; the maximum over ranks (Eq. 10).
 3. End-to-end calibration with GPU-main busy: the GPU worker decodes a synthetic population
@@ -73,6 +74,7 @@ from dualpace.sampling.sampler import SamplingRow, sample
 
 log = logging.getLogger("dualpace.profile")
 PATH_OPS = {"p": OP_POST_ATTN, "lS": OP_POST_LAYER, "lA": OP_POST_ATTN_FINAL}
+PRIMITIVES = ("t_p", "t_l", "a_w", "a_r", "h_w")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,37 +101,16 @@ QUICK = ProfileSettings(batch_sizes=(1, 4, 16), prefill_shapes=(
     decode_contexts=(64,), warmup=1, repeats=2, iters=3, calibration_calls=3)
 
 
-def measure(fns: Sequence[Callable[[], object]], s: ProfileSettings,
-            sync: Callable[[], None] = lambda: None) -> float:
-    """Eq. 10-11 over ranks: ``fns[q]`` is rank q's primitive; W warm-ups each, then R
-    repeats of I timed calls per rank; a repeat's latency is the slowest rank's."""
-    for fn in fns:
-        for _ in range(s.warmup):
-            fn()
-    totals = []
-    for _ in range(s.repeats):
-        row = []
-        for fn in fns:
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(s.iters):
-                fn()
-            sync()
-            row.append(time.perf_counter() - t0)
-        totals.append(row)
-    return profiled_latency(totals, s.iters)
-
-
 def _rows(b: int) -> list[SamplingRow]:
     return [SamplingRow(0.0, 1.0, -1, i, 0) for i in range(b)]
 
 
-def cpu_primitives(models: list[StagedModel], ch: AssistChannel, b: int, s: ProfileSettings,
-                   only: tuple[str, ...] = ("t_p", "t_l", "a_w", "a_r", "h_w")
-                   ) -> dict[str, float]:
-    """t_p, t_l, a_w, a_r, h_w at batch b (seconds), each the slowest rank's (Eq. 10-11)."""
+def cpu_primitive_fns(models: list[StagedModel], ch: AssistChannel, b: int,
+                      only: tuple[str, ...] = PRIMITIVES) -> dict[str, list[Callable]]:
+    """Each primitive of ``only`` at batch b, one callable per rank: t_p, t_l, a_w, a_r,
+    h_w."""
     g = torch.Generator().manual_seed(b)
-    out: dict[str, list] = {k: [] for k in ("t_p", "t_l", "a_w", "a_r", "h_w")}
+    out: dict[str, list] = {k: [] for k in PRIMITIVES}
     for rank, m in enumerate(models):
         cfg = m.cfg
         h = torch.randn(b, cfg.hidden_size, generator=g).to(m.dtype)
@@ -150,8 +131,25 @@ def cpu_primitives(models: list[StagedModel], ch: AssistChannel, b: int, s: Prof
         out["a_w"].append(a_w)
         out["a_r"].append(lambda m=m: ch.buf["hidden_out"][:b].clone().to(m.dtype))
         out["h_w"].append(h_w)
+    return {k: fns for k, fns in out.items() if k in only}
+
+
+def cpu_primitives(models: list[StagedModel], ch: AssistChannel, sizes: Sequence[int],
+                   s: ProfileSettings, only: tuple[str, ...] = PRIMITIVES
+                   ) -> dict[int, dict[str, float]]:
+    """The primitives of ``only`` at every batch size (seconds), each the slowest rank's
+    and the mean over repeats (Eq. 10-11); every (batch, primitive) measured in the same
+    rounds, so that repeat j of each is round j (``interleaved_rounds``: a slow spell of
+    the host then spoils a round of every batch size rather than all the repeats of a few,
+    which would bend the route scores Algorithm 1 compares across batch sizes)."""
+    cases = {(b, k): fns for b in sizes
+             for k, fns in cpu_primitive_fns(models, ch, b, only).items()}
     with torch.inference_mode():
-        return {k: measure(fns, s) for k, fns in out.items() if k in only}
+        rounds = interleaved_rounds(cases, s)
+    out: dict[int, dict[str, float]] = {b: {} for b in sizes}
+    for (b, k), r in rounds.items():
+        out[b][k] = statistics.fmean(r)
+    return out
 
 
 async def gpu_microbenchmarks(rt: Runtime, ch: AssistChannel, hidden: int, attn: int,
@@ -332,10 +330,11 @@ def interleaved_rounds(cases: dict, s: ProfileSettings,
     in turn, ``sync`` (the device's) before and after. Per case, one latency a round: the
     slowest rank's time over I (Eq. 10).
 
-    Why rounds: measured one case after the other (``measure``), a slow spell of the host
-    (on the 2-core VMs they last seconds) lands on every repeat of the cases measured then
-    and reorders a flat curve. In rounds a spell as long as one case's measurement spoils
-    one round of a few cases, which the median over rounds drops."""
+    Why rounds: measured one case after the other (as every measurement here was until
+    2026-12-07), a slow spell of the host (on the 2-core VMs they last seconds) lands on
+    every repeat of the cases measured then and reorders a flat curve. In rounds a spell as
+    long as one case's measurement spoils one round of a few cases, which a median over
+    rounds drops and a mean (Eq. 11, the primitives) spreads over all of them."""
     for fns in cases.values():
         for fn in fns:
             for _ in range(s.warmup):
@@ -413,14 +412,13 @@ async def run_profile(config: EngineConfig, s: ProfileSettings, out_dir: Path) -
         # CPU dtype: the faster post-attention at the largest batch (DESIGN.md CPU dtype).
         dtypes = {}
         for dt in (torch.float32, torch.bfloat16):
-            prims = cpu_primitives(_cpu_models(config, dt), ch, max(sizes), s, ("t_p",))
-            dtypes[str(dt).removeprefix("torch.")] = prims["t_p"]
+            prims = cpu_primitives(_cpu_models(config, dt), ch, [max(sizes)], s, ("t_p",))
+            dtypes[str(dt).removeprefix("torch.")] = prims[max(sizes)]["t_p"]
         cpu_dtype = min(dtypes, key=dtypes.get)
         cpu_models = _cpu_models(config, getattr(torch, cpu_dtype))
-        prims, gpu = {}, {}
-        for b in sizes:
-            prims[b] = cpu_primitives(cpu_models, ch, b, s)
-            gpu[b] = await gpu_microbenchmarks(rt, ch, mc.hidden_size, mc.q_size, b, s, ids)
+        prims = cpu_primitives(cpu_models, ch, sizes, s)
+        gpu = {b: await gpu_microbenchmarks(rt, ch, mc.hidden_size, mc.q_size, b, s, ids)
+               for b in sizes}
         calls, main_step = await calibrate(rt, ch, mc.hidden_size, mc.q_size, mc.num_layers,
                                            sizes, s, ids)
         decode = cpu_decode_throughput(cpu_models, sizes, s.decode_contexts, s,

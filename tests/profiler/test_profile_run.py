@@ -7,11 +7,13 @@ import json
 import statistics
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from dualpace import LLM, SamplingParams
-from dualpace.profiler.run import ProfileSettings, interleaved_rounds
+from dualpace.profiler.run import ProfileSettings, cpu_primitives, interleaved_rounds
 from dualpace.runtime.routing import route_for
 
 
@@ -116,3 +118,34 @@ def test_a_slow_spell_spoils_one_round_not_the_order():
     assert one_after_the_other["fast"] > one_after_the_other["slow"]
     in_rounds = measured(True)
     assert in_rounds == pytest.approx({"fast": 1.0, "slow": 1.05})
+
+
+class _FakeRankModel:
+    """A rank's model whose post-attention and post-layer record the batch they ran."""
+
+    def __init__(self, log: list[tuple[str, int]]):
+        self.cfg = SimpleNamespace(hidden_size=8, q_size=4)
+        self.dtype = torch.float32
+        self.log = log
+
+    def post_attention(self, layer: int, h: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        self.log.append(("t_p", h.shape[0]))
+        return h
+
+    def post_layer(self, h: torch.Tensor) -> torch.Tensor:
+        self.log.append(("t_l", h.shape[0]))
+        return torch.zeros(h.shape[0], 16)
+
+
+def test_cpu_primitives_time_every_batch_size_in_each_round():
+    """Repeat j of every (batch, primitive) is round j, so a slow spell spoils a round of
+    all batch sizes instead of every repeat of a few: the order of the calls says so."""
+    log: list[tuple[str, int]] = []
+    ch = SimpleNamespace(buf={"hidden_in": torch.zeros(8, 8), "attn_in": torch.zeros(8, 4),
+                              "hidden_out": torch.zeros(8, 8)}, _write_sampling=lambda rows: None)
+    s = ProfileSettings(warmup=1, repeats=2, iters=1)
+    out = cpu_primitives([_FakeRankModel(log)], ch, [2, 4, 8], s, ("t_p", "t_l", "a_w"))
+    one = [("t_p", 2), ("t_l", 2), ("t_p", 4), ("t_l", 4), ("t_p", 8), ("t_l", 8)]
+    assert log == one * 3  # the warm-ups, then round 1, then round 2
+    assert set(out) == {2, 4, 8} and all(set(v) == {"t_p", "t_l", "a_w"} for v in out.values())
+    assert all(t > 0 for v in out.values() for t in v.values())
