@@ -13,7 +13,15 @@ import pytest
 import torch
 
 from dualpace import LLM, SamplingParams
-from dualpace.profiler.run import ProfileSettings, cpu_primitives, interleaved_rounds
+from dualpace.profiler import run as run_mod
+from dualpace.profiler.fitting import peak_batch
+from dualpace.profiler.run import (
+    ProfileSettings,
+    cpu_decode_throughput,
+    cpu_primitives,
+    gpu_prefill_throughput,
+    interleaved_rounds,
+)
 from dualpace.runtime.routing import route_for
 
 
@@ -149,3 +157,41 @@ def test_cpu_primitives_time_every_batch_size_in_each_round():
     assert log == one * 3  # the warm-ups, then round 1, then round 2
     assert set(out) == {2, 4, 8} and all(set(v) == {"t_p", "t_l", "a_w"} for v in out.values())
     assert all(t > 0 for v in out.values() for t in v.values())
+
+
+class _FakeHostLayer:
+    """A model whose one-layer call costs ``rows / rate(rows)`` seconds of a fake clock,
+    twice that during the first timed round (a slow spell of the host); ``rows`` is the
+    hidden state's row count (a decode batch, or a prefill's batched tokens)."""
+
+    def __init__(self, rates: dict[int, float], warmup_calls: int, round_calls: int):
+        self.cfg = SimpleNamespace(num_kv_heads=1, head_dim=8, hidden_size=8)
+        self.dtype, self.device = torch.float32, torch.device("cpu")
+        self.rates, self.now, self.calls = rates, 0.0, 0
+        self.spell = range(warmup_calls, warmup_calls + round_calls)
+
+    def layer(self, i, h, fb, kv):
+        rows = h.shape[0]
+        self.now += rows / self.rates[rows] * (2.0 if self.calls in self.spell else 1.0)
+        self.calls += 1
+
+
+def test_decode_throughput_is_each_batch_median_over_rounds(monkeypatch):
+    s = ProfileSettings(warmup=1, repeats=3, iters=4)
+    rates = {1: 100.0, 2: 300.0, 4: 250.0}
+    model = _FakeHostLayer(rates, warmup_calls=3, round_calls=3 * 4)
+    monkeypatch.setattr(run_mod.time, "perf_counter", lambda: model.now)
+    got = cpu_decode_throughput([model], [1, 2, 4], [64], s, 16)
+    assert got == pytest.approx(rates)  # the spoiled first round dropped
+    assert peak_batch(list(got), list(got.values())) == 2
+
+
+def test_prefill_throughput_is_each_shape_median_over_rounds(monkeypatch):
+    s = ProfileSettings(warmup=1, repeats=3, iters=2)
+    shapes = [(1, 16), (2, 16), (1, 64)]
+    rates = {16: 1000.0, 32: 1800.0, 64: 2500.0}
+    model = _FakeHostLayer(rates, warmup_calls=3, round_calls=3 * 2)
+    monkeypatch.setattr(run_mod.time, "perf_counter", lambda: model.now)
+    got = gpu_prefill_throughput(model, shapes, s, 16, lambda: None)
+    assert [n for n, _ in got] == [16, 32, 64]
+    assert [t for _, t in got] == pytest.approx([1000.0, 1800.0, 2500.0])  # spell dropped
