@@ -11,7 +11,9 @@ Appendix B as written, in four measurements:
    hidden state in), on the real shared-memory buffer. W warm-ups, then R repeats of I
    timed calls; with CPU tensor parallelism each rank's shard is timed and a repeat's
    latency is the slowest rank's (Eq. 10-11). Repeat j of every batch size and primitive
-   is one round (``interleaved_rounds``).
+   is one round (``interleaved_rounds``). Each call of t_p takes the model's next layer, as
+   do ProfileAssist's and the one-layer sweeps' below (``layer_turns``): one layer timed
+   over and over reads its weights from the cache, which no serving step does.
 2. GPU microbenchmarks g_p, g_lS, g_lA: each assist op's whole device path on the GPU worker
    (ProfileAssist), every GPU rank timing its own repeats; the maximum over ranks (Eq. 10).
 3. End-to-end calibration with GPU-main busy: the GPU worker decodes a synthetic population
@@ -105,10 +107,37 @@ def _rows(b: int) -> list[SamplingRow]:
     return [SamplingRow(0.0, 1.0, -1, i, 0) for i in range(b)]
 
 
+def layer_turns(num_layers: int) -> Callable[[], int]:
+    """The model's layers in turn, one a call (0, 1, ..., N − 1, 0, ...). A serving step
+    reads every layer's weights once, so from DRAM wherever the model is larger than the
+    last-level cache; one layer timed over and over reads its weights from the cache
+    instead, which no serving step does. Measured on the 2-core Zen 3 VM (2026-12-07, demo
+    model, 10.5 MB of post-attention weights a layer, 84 MB in all against a 32 MiB L3, one
+    thread, medians of 5 rounds): t_p at 1 / 2 / 4 / 8 rows 0.44 / 0.31 / 0.40 / 0.68 ms on
+    layer 0 repeated, 0.68 / 0.69 / 0.81 / 0.90 ms with the layers in turn; 32 rows 2.5 ms
+    either way. The L3 made one row look slower than two (the one-row loop streams W in
+    sequence, which pays from DRAM, not from the cache)."""
+    turns = itertools.cycle(range(num_layers))
+    return lambda: next(turns)
+
+
+def kv_for_every_layer(num_layers: int, num_blocks: int, num_kv_heads: int, block_size: int,
+                       head_dim: int, dtype: torch.dtype, device="cpu") -> KVCache:
+    """A KV cache whose N layers are one tensor pair: the layers taken in turn
+    (``layer_turns``) read their weights as a serving step does while the cache costs one
+    layer's memory (a decode batch of 256 at 512 tokens of context is 0.27 GB a layer for
+    the demo model in fp32, 17 GB for all 32 layers of Llama-3.1-8B in bf16). Between two
+    reads of it the other N − 1 layers' weights pass through the caches, as in a serving
+    step."""
+    kv = KVCache(1, num_blocks, num_kv_heads, block_size, head_dim, dtype, device)
+    kv.k, kv.v = kv.k * num_layers, kv.v * num_layers
+    return kv
+
+
 def cpu_primitive_fns(models: list[StagedModel], ch: AssistChannel, b: int,
                       only: tuple[str, ...] = PRIMITIVES) -> dict[str, list[Callable]]:
     """Each primitive of ``only`` at batch b, one callable per rank: t_p, t_l, a_w, a_r,
-    h_w."""
+    h_w. t_p takes the model's layers in turn (``layer_turns``)."""
     g = torch.Generator().manual_seed(b)
     out: dict[str, list] = {k: [] for k in PRIMITIVES}
     for rank, m in enumerate(models):
@@ -117,6 +146,7 @@ def cpu_primitive_fns(models: list[StagedModel], ch: AssistChannel, b: int,
         a = torch.randn(b, cfg.q_size, generator=g).to(m.dtype)
         cols = slice(rank * cfg.q_size, (rank + 1) * cfg.q_size)
         rows = _rows(b)
+        layer = layer_turns(cfg.num_layers)
 
         def a_w(h=h, a=a, cols=cols):  # what the CPU worker writes before an assisted stage
             ch.buf["hidden_in"][:b].copy_(h.float())
@@ -126,7 +156,7 @@ def cpu_primitive_fns(models: list[StagedModel], ch: AssistChannel, b: int,
             ch.buf["hidden_in"][:b].copy_(h.float())
             ch._write_sampling(rows)
 
-        out["t_p"].append(lambda m=m, h=h, a=a: m.post_attention(0, h, a))
+        out["t_p"].append(lambda m=m, h=h, a=a, layer=layer: m.post_attention(layer(), h, a))
         out["t_l"].append(lambda m=m, h=h, rows=rows: sample(m.post_layer(h), rows))
         out["a_w"].append(a_w)
         out["a_r"].append(lambda m=m: ch.buf["hidden_out"][:b].clone().to(m.dtype))
@@ -153,16 +183,18 @@ def cpu_primitives(models: list[StagedModel], ch: AssistChannel, sizes: Sequence
 
 
 async def gpu_microbenchmarks(rt: Runtime, ch: AssistChannel, hidden: int, attn: int,
-                              b: int, s: ProfileSettings, ids) -> dict[str, float]:
-    """g_x(b) for each path: the op's device path on every GPU rank (ProfileAssist)."""
+                              num_layers: int, b: int, s: ProfileSettings, ids
+                              ) -> dict[str, float]:
+    """g_x(b) for each path: the op's device path on every GPU rank (ProfileAssist), the
+    calls taking the model's layers in turn (as ``layer_turns`` says why)."""
     g = torch.Generator().manual_seed(1000 + b)
     h, a = torch.randn(b, hidden, generator=g), torch.randn(b, attn, generator=g)
     out = {}
     for path, op in PATH_OPS.items():
         ch.stage_inputs(op, 0, h, a if op != OP_POST_LAYER else None,
                         _rows(b) if op != OP_POST_ATTN else None)
-        msg = P.ProfileAssist(step_id=next(ids), op=op, rows=b, layer=0, warmup=s.warmup,
-                              repeats=s.repeats, iters=s.iters)
+        msg = P.ProfileAssist(step_id=next(ids), op=op, rows=b, layer=0, layers=num_layers,
+                              warmup=s.warmup, repeats=s.repeats, iters=s.iters)
         per_rank = await rt.gpu.step_all(msg)
         totals = [[r.repeat_us[j] * 1e-6 for r in per_rank] for j in range(s.repeats)]
         out[path] = profiled_latency(totals, s.iters)
@@ -304,19 +336,22 @@ async def _served(rt: Runtime, op: int, n: int, timeout: float = 10.0) -> list[l
 def gpu_prefill_throughput(model: StagedModel, shapes, s: ProfileSettings, block_size: int,
                            sync: Callable[[], None]) -> list[tuple[int, float]]:
     """(tokens, tokens/s) of one decoder layer's prefill for each (B, L) shape, every shape
-    measured in the same rounds (``interleaved_rounds``), its latency the median over them.
+    measured in the same rounds (``interleaved_rounds``), its latency the median over them;
+    the calls take the model's layers in turn (``layer_turns``).
     Measured one shape after the other, three full profiles within the hour on the 2-core
     Zen 3 VM fitted limits of 512, 256 and none (a fit that did not rise)."""
     cfg = model.cfg
     cases = {}
     for bsz, length in shapes:
         nb = blocks_for_tokens(length, block_size)
-        kv = KVCache(1, bsz * nb, cfg.num_kv_heads, block_size, cfg.head_dim, model.dtype,
-                     model.device)
+        kv = kv_for_every_layer(cfg.num_layers, bsz * nb, cfg.num_kv_heads, block_size,
+                                cfg.head_dim, model.dtype, model.device)
         fb = build_forward_batch([SeqChunk([1] * length, 0, list(range(i * nb, (i + 1) * nb)))
                                   for i in range(bsz)], block_size, model.device)
         h = torch.randn(bsz * length, cfg.hidden_size).to(model.device, model.dtype)
-        cases[(bsz, length)] = [lambda fb=fb, h=h, kv=kv: model.layer(0, h, fb, kv)]
+        layer = layer_turns(cfg.num_layers)
+        cases[(bsz, length)] = [lambda fb=fb, h=h, kv=kv, layer=layer:
+                                model.layer(layer(), h, fb, kv)]
     with torch.inference_mode():
         rounds = interleaved_rounds(cases, s, sync=sync)
     return [(b * n, b * n / statistics.median(rounds[(b, n)])) for b, n in shapes]
@@ -361,7 +396,8 @@ def cpu_decode_throughput(models: list[StagedModel], batch_sizes, contexts,
     post-attention) per batch size, averaged over context lengths; every (batch, context)
     measured in the same rounds (``interleaved_rounds``), its latency the median over them.
     Each context's KV cache is sized for the largest batch and shared by the smaller ones
-    (their first blocks).
+    (their first blocks); the calls take the model's layers in turn (``layer_turns``,
+    ``kv_for_every_layer``).
 
     Every batch size is measured: the sweep used to stop once throughput fell twice in a
     row past its maximum, and on a curve flat from batch 8 on (the demo model on the 2-core
@@ -372,14 +408,17 @@ def cpu_decode_throughput(models: list[StagedModel], batch_sizes, contexts,
     cases: dict[tuple[int, int], list] = {}
     for ctx in contexts:
         nb = blocks_for_tokens(ctx + 1, block_size)
-        caches = [KVCache(1, max(batch_sizes) * nb, m.cfg.num_kv_heads, block_size,
-                          m.cfg.head_dim, m.dtype) for m in models]
+        caches = [kv_for_every_layer(m.cfg.num_layers, max(batch_sizes) * nb,
+                                     m.cfg.num_kv_heads, block_size, m.cfg.head_dim, m.dtype)
+                  for m in models]
         for b in batch_sizes:
             fb = build_forward_batch([SeqChunk([1], ctx, list(range(i * nb, (i + 1) * nb)))
                                       for i in range(b)], block_size)
             hs = [torch.randn(b, m.cfg.hidden_size).to(m.dtype) for m in models]
-            cases[(b, ctx)] = [lambda m=m, fb=fb, h=h, kv=kv: m.layer(0, h, fb, kv)
-                               for m, kv, h in zip(models, caches, hs)]
+            turns = [layer_turns(m.cfg.num_layers) for m in models]
+            cases[(b, ctx)] = [lambda m=m, fb=fb, h=h, kv=kv, layer=layer:
+                               m.layer(layer(), h, fb, kv)
+                               for m, kv, h, layer in zip(models, caches, hs, turns)]
     with torch.inference_mode():
         latency = {key: statistics.median(r) for key, r in interleaved_rounds(cases, s).items()}
     return {b: sum(b / latency[(b, ctx)] for ctx in contexts) / len(contexts)
@@ -418,7 +457,8 @@ async def run_profile(config: EngineConfig, s: ProfileSettings, out_dir: Path) -
         cpu_dtype = min(dtypes, key=dtypes.get)
         cpu_models = _cpu_models(config, getattr(torch, cpu_dtype))
         prims = cpu_primitives(cpu_models, ch, sizes, s)
-        gpu = {b: await gpu_microbenchmarks(rt, ch, mc.hidden_size, mc.q_size, b, s, ids)
+        gpu = {b: await gpu_microbenchmarks(rt, ch, mc.hidden_size, mc.q_size, mc.num_layers,
+                                            b, s, ids)
                for b in sizes}
         calls, main_step = await calibrate(rt, ch, mc.hidden_size, mc.q_size, mc.num_layers,
                                            sizes, s, ids)

@@ -17,6 +17,7 @@ step has landed.
 from __future__ import annotations
 
 import collections
+import itertools
 import time
 
 import torch
@@ -195,11 +196,16 @@ class GpuWorker:
     def profile_assist(self, msg: ProfileAssist) -> ProfileDone:
         """Appendix B's GPU microbenchmark g_x(b): the op's whole device path (input upload,
         kernels, output download) on the staged inputs, each repeat synchronized; every rank
-        runs it (the op's all-reduces span the group) and reports its own times."""
+        runs it (the op's all-reduces span the group) and reports its own times. The calls
+        take ``msg.layers`` layers in turn from ``msg.layer``."""
         leader = self.tp_rank == 0
+        if msg.layers < 1:
+            raise ValueError(f"ProfileAssist: layers must be at least 1, got {msg.layers}")
+        turns = itertools.cycle([(msg.layer + k) % self.model.cfg.num_layers
+                                 for k in range(msg.layers)])
 
         def once() -> None:
-            self._run_assist(leader, self.assist, msg.op, msg.layer, msg.rows)
+            self._run_assist(leader, self.assist, msg.op, next(turns), msg.rows)
 
         for _ in range(msg.warmup):
             once()

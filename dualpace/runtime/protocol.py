@@ -120,12 +120,15 @@ class Release(_Msg, tag=4):
 class ProfileAssist(_Msg, tag=5):
     """Profiler (paper Appendix B): every GPU rank runs Dense Assist ``op`` on the inputs
     already in the Assist Buffer, ``warmup`` times, then ``repeats`` x ``iters`` times with
-    each repeat timed to completion; answered with ProfileDone."""
+    each repeat timed to completion; answered with ProfileDone. The calls take layers
+    ``layer``, ``layer + 1``, ... ``layer + layers − 1`` in turn (modulo the model's), as a
+    serving step reads every layer's weights rather than one layer's from a cache."""
 
     step_id: int
     op: int
     rows: int
     layer: int = 0
+    layers: int = 1
     warmup: int = 5
     repeats: int = 3
     iters: int = 100

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import statistics
@@ -19,9 +20,13 @@ from dualpace.profiler.run import (
     ProfileSettings,
     cpu_decode_throughput,
     cpu_primitives,
+    gpu_microbenchmarks,
     gpu_prefill_throughput,
     interleaved_rounds,
 )
+from dualpace.runtime import protocol as P
+from dualpace.runtime.gpu_worker import GpuWorker
+from dualpace.runtime.layouts import OP_POST_ATTN
 from dualpace.runtime.routing import route_for
 
 
@@ -131,13 +136,15 @@ def test_a_slow_spell_spoils_one_round_not_the_order():
 class _FakeRankModel:
     """A rank's model whose post-attention and post-layer record the batch they ran."""
 
-    def __init__(self, log: list[tuple[str, int]]):
-        self.cfg = SimpleNamespace(hidden_size=8, q_size=4)
+    def __init__(self, log: list[tuple[str, int]], num_layers: int = 4):
+        self.cfg = SimpleNamespace(hidden_size=8, q_size=4, num_layers=num_layers)
         self.dtype = torch.float32
         self.log = log
+        self.layers: list[int] = []
 
     def post_attention(self, layer: int, h: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         self.log.append(("t_p", h.shape[0]))
+        self.layers.append(layer)
         return h
 
     def post_layer(self, h: torch.Tensor) -> torch.Tensor:
@@ -159,19 +166,39 @@ def test_cpu_primitives_time_every_batch_size_in_each_round():
     assert all(t > 0 for v in out.values() for t in v.values())
 
 
+def test_post_attention_takes_the_layers_in_turn():
+    """A serving step reads every layer's weights once; one layer timed over and over
+    would read its weights from the cache. Each batch size's t_p walks the layers."""
+    ch = SimpleNamespace(buf={"hidden_in": torch.zeros(8, 8), "attn_in": torch.zeros(8, 4),
+                              "hidden_out": torch.zeros(8, 8)}, _write_sampling=lambda rows: None)
+    models = [_FakeRankModel([], num_layers=3), _FakeRankModel([], num_layers=3)]
+    s = ProfileSettings(warmup=2, repeats=2, iters=2)  # 6 calls a batch size and rank
+    cpu_primitives(models, ch, [2, 4], s, ("t_p",))
+    # warm-ups (batch 2 twice, batch 4 twice), then the two rounds: each batch size's own
+    # walk through the 3 layers
+    assert models[0].layers == [0, 1, 0, 1, 2, 0, 2, 0, 1, 2, 1, 2]
+    assert models[1].layers == models[0].layers
+
+
 class _FakeHostLayer:
     """A model whose one-layer call costs ``rows / rate(rows)`` seconds of a fake clock,
     twice that during the first timed round (a slow spell of the host); ``rows`` is the
     hidden state's row count (a decode batch, or a prefill's batched tokens)."""
 
-    def __init__(self, rates: dict[int, float], warmup_calls: int, round_calls: int):
-        self.cfg = SimpleNamespace(num_kv_heads=1, head_dim=8, hidden_size=8)
+    def __init__(self, rates: dict[int, float], warmup_calls: int, round_calls: int,
+                 num_layers: int = 1):
+        self.cfg = SimpleNamespace(num_kv_heads=1, head_dim=8, hidden_size=8,
+                                   num_layers=num_layers)
         self.dtype, self.device = torch.float32, torch.device("cpu")
         self.rates, self.now, self.calls = rates, 0.0, 0
         self.spell = range(warmup_calls, warmup_calls + round_calls)
+        self.layers: dict[int, list[int]] = {}  # rows -> the layer of each call
+        self.kv_tensors: set[int] = set()
 
     def layer(self, i, h, fb, kv):
         rows = h.shape[0]
+        self.layers.setdefault(rows, []).append(i)
+        self.kv_tensors |= {id(kv.k[i]), id(kv.v[i])}
         self.now += rows / self.rates[rows] * (2.0 if self.calls in self.spell else 1.0)
         self.calls += 1
 
@@ -195,3 +222,67 @@ def test_prefill_throughput_is_each_shape_median_over_rounds(monkeypatch):
     got = gpu_prefill_throughput(model, shapes, s, 16, lambda: None)
     assert [n for n, _ in got] == [16, 32, 64]
     assert [t for _, t in got] == pytest.approx([1000.0, 1800.0, 2500.0])  # spell dropped
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+def test_one_layer_sweeps_take_the_layers_in_turn_over_one_layers_kv(phase):
+    """The decode and prefill sweeps time "one decoder layer" as a serving step runs it:
+    the calls walk the model's layers (weights read as a step reads them), every layer
+    reading and writing one shared KV tensor pair (one layer's memory, not N)."""
+    s = ProfileSettings(warmup=1, repeats=2, iters=2)
+    if phase == "decode":
+        model = _FakeHostLayer({1: 1.0, 2: 1.0}, 0, 0, num_layers=3)
+        cpu_decode_throughput([model], [1, 2], [64], s, 16)
+        walked = model.layers
+    else:
+        model = _FakeHostLayer({16: 1.0, 32: 1.0}, 0, 0, num_layers=3)
+        gpu_prefill_throughput(model, [(1, 16), (2, 16)], s, 16, lambda: None)
+        walked = model.layers
+    assert set(walked) == ({1, 2} if phase == "decode" else {16, 32})
+    for layers in walked.values():
+        assert layers == [0, 1, 2, 0, 1]  # 1 warm-up + 2 rounds x 2 calls
+    # one K and one V tensor for every layer (decode: one pair per context, shared by sizes;
+    # prefill: one pair per shape)
+    assert len(model.kv_tensors) == (2 if phase == "decode" else 4)
+
+
+def test_gpu_microbenchmark_calls_take_the_layers_in_turn():
+    """ProfileAssist's calls walk ``layers`` layers from ``layer`` (modulo the model's), so
+    g_x reads weights as serving does; ``layers`` below 1 is refused."""
+    seen: list[int] = []
+    worker = SimpleNamespace(
+        tp_rank=0, assist=None, model=SimpleNamespace(cfg=SimpleNamespace(num_layers=4)),
+        ops=SimpleNamespace(wait_compute=lambda: None),
+        _run_assist=lambda leader, ch, op, layer, rows: seen.append(layer))
+    msg = P.ProfileAssist(step_id=1, op=OP_POST_ATTN, rows=2, layer=2, layers=3, warmup=1,
+                          repeats=2, iters=3)
+    done = GpuWorker.profile_assist(worker, msg)
+    assert seen == [2, 3, 0, 2, 3, 0, 2]  # 1 warm-up + 2 repeats x 3 calls
+    assert len(done.repeat_us) == 2
+    seen.clear()
+    GpuWorker.profile_assist(worker, P.ProfileAssist(step_id=2, op=OP_POST_ATTN, rows=2,
+                                                     layer=1, warmup=0, repeats=1, iters=2))
+    assert seen == [1, 1]  # the default: one layer
+    with pytest.raises(ValueError, match="layers must be at least 1"):
+        GpuWorker.profile_assist(worker, P.ProfileAssist(step_id=3, op=OP_POST_ATTN, rows=2,
+                                                         layers=0))
+
+
+def test_gpu_microbenchmarks_ask_for_every_layer_and_take_the_slowest_rank():
+    """Each path's ProfileAssist walks all N layers; g_x is Eq. 10-11 over the ranks'
+    repeats (the slowest rank's, the mean over repeats, per call)."""
+    sent: list[P.ProfileAssist] = []
+
+    async def step_all(msg):
+        sent.append(msg)
+        return [P.ProfileDone(step_id=msg.step_id, repeat_us=[100, 300]),
+                P.ProfileDone(step_id=msg.step_id, repeat_us=[200, 200])]
+
+    rt = SimpleNamespace(gpu=SimpleNamespace(step_all=step_all))
+    ch = SimpleNamespace(stage_inputs=lambda *a: None)
+    s = ProfileSettings(warmup=1, repeats=2, iters=10)
+    g = asyncio.run(gpu_microbenchmarks(rt, ch, 8, 4, 5, 2, s, itertools.count()))
+    assert [m.layers for m in sent] == [5, 5, 5] and all(m.layer == 0 for m in sent)
+    assert [m.rows for m in sent] == [2, 2, 2]
+    # repeats: max(100, 200) and max(300, 200) us over 10 calls each
+    assert g == pytest.approx({x: (20e-6 + 30e-6) / 2 for x in ("p", "lS", "lA")})
