@@ -1427,6 +1427,18 @@ PLANTS = [
     Plant("g_x-one-layer", "the GPU microbenchmarks ask for one layer",
           "dualpace/profiler/run.py", "layer=0, layers=num_layers,", "layer=0, layers=1,",
           ("tests/profiler/test_profile_run.py",)),
+    Plant("g_x-one-after-the-other", "each (batch, path)'s g_x has all its repeats before "
+          "the next is timed",
+          "dualpace/profiler/run.py",
+          "    for _ in range(s.repeats):\n        for b, path, op in cases:\n"
+          "            totals[(b, path)] += await run(b, op, 0, 1)\n",
+          "    for b, path, op in cases:\n        for _ in range(s.repeats):\n"
+          "            totals[(b, path)] += await run(b, op, 0, 1)\n",
+          ("tests/profiler/test_profile_run.py",)),
+    Plant("g_x-warmup-each-round", "every round of g_x warms up again",
+          "dualpace/profiler/run.py", "totals[(b, path)] += await run(b, op, 0, 1)",
+          "totals[(b, path)] += await run(b, op, s.warmup, 1)",
+          ("tests/profiler/test_profile_run.py",)),
 ]
 
 

@@ -16,6 +16,7 @@ Appendix B as written, in four measurements:
    over and over reads its weights from the cache, which no serving step does.
 2. GPU microbenchmarks g_p, g_lS, g_lA: each assist op's whole device path on the GPU worker
    (ProfileAssist), every GPU rank timing its own repeats; the maximum over ranks (Eq. 10).
+   Repeat j of every batch size and path is one round, as for the primitives.
 3. End-to-end calibration with GPU-main busy: the GPU worker decodes a synthetic population
    step after step (boundaries active) while this process, standing in for the CPU worker,
    issues assist calls of every path and batch row, each after a pause drawn over one
@@ -183,22 +184,36 @@ def cpu_primitives(models: list[StagedModel], ch: AssistChannel, sizes: Sequence
 
 
 async def gpu_microbenchmarks(rt: Runtime, ch: AssistChannel, hidden: int, attn: int,
-                              num_layers: int, b: int, s: ProfileSettings, ids
-                              ) -> dict[str, float]:
-    """g_x(b) for each path: the op's device path on every GPU rank (ProfileAssist), the
-    calls taking the model's layers in turn (as ``layer_turns`` says why)."""
-    g = torch.Generator().manual_seed(1000 + b)
-    h, a = torch.randn(b, hidden, generator=g), torch.randn(b, attn, generator=g)
-    out = {}
-    for path, op in PATH_OPS.items():
+                              num_layers: int, sizes: Sequence[int], s: ProfileSettings, ids
+                              ) -> dict[int, dict[str, float]]:
+    """g_x(b) for each path and batch size: the op's device path on every GPU rank
+    (ProfileAssist), the calls taking the model's layers in turn (as ``layer_turns`` says
+    why), Eq. 10-11 over the ranks' repeats. In rounds, as the CPU primitives: first every
+    (batch, path)'s W warm-ups, then R rounds, each one repeat of I calls of every
+    (batch, path), one ProfileAssist each (a slow spell then spoils a round of every batch
+    size, not every repeat of a few)."""
+    g = torch.Generator().manual_seed(1000)
+    inputs = {b: (torch.randn(b, hidden, generator=g), torch.randn(b, attn, generator=g))
+              for b in sizes}
+    cases = [(b, path, op) for b in sizes for path, op in PATH_OPS.items()]
+
+    async def run(b: int, op: int, warmup: int, repeats: int) -> list[list[float]]:
+        h, a = inputs[b]
         ch.stage_inputs(op, 0, h, a if op != OP_POST_LAYER else None,
                         _rows(b) if op != OP_POST_ATTN else None)
         msg = P.ProfileAssist(step_id=next(ids), op=op, rows=b, layer=0, layers=num_layers,
-                              warmup=s.warmup, repeats=s.repeats, iters=s.iters)
+                              warmup=warmup, repeats=repeats, iters=s.iters)
         per_rank = await rt.gpu.step_all(msg)
-        totals = [[r.repeat_us[j] * 1e-6 for r in per_rank] for j in range(s.repeats)]
-        out[path] = profiled_latency(totals, s.iters)
-    return out
+        return [[r.repeat_us[j] * 1e-6 for r in per_rank] for j in range(repeats)]
+
+    for b, _, op in cases:
+        await run(b, op, s.warmup, 0)
+    totals: dict[tuple[int, str], list[list[float]]] = {(b, x): [] for b, x, _ in cases}
+    for _ in range(s.repeats):
+        for b, path, op in cases:
+            totals[(b, path)] += await run(b, op, 0, 1)
+    return {b: {x: profiled_latency(totals[(b, x)], s.iters) for x in PATH_OPS}
+            for b in sizes}
 
 
 class GpuLoad:
@@ -457,9 +472,8 @@ async def run_profile(config: EngineConfig, s: ProfileSettings, out_dir: Path) -
         cpu_dtype = min(dtypes, key=dtypes.get)
         cpu_models = _cpu_models(config, getattr(torch, cpu_dtype))
         prims = cpu_primitives(cpu_models, ch, sizes, s)
-        gpu = {b: await gpu_microbenchmarks(rt, ch, mc.hidden_size, mc.q_size, mc.num_layers,
-                                            b, s, ids)
-               for b in sizes}
+        gpu = await gpu_microbenchmarks(rt, ch, mc.hidden_size, mc.q_size, mc.num_layers,
+                                        sizes, s, ids)
         calls, main_step = await calibrate(rt, ch, mc.hidden_size, mc.q_size, mc.num_layers,
                                            sizes, s, ids)
         decode = cpu_decode_throughput(cpu_models, sizes, s.decode_contexts, s,

@@ -268,21 +268,30 @@ def test_gpu_microbenchmark_calls_take_the_layers_in_turn():
                                                          layers=0))
 
 
-def test_gpu_microbenchmarks_ask_for_every_layer_and_take_the_slowest_rank():
-    """Each path's ProfileAssist walks all N layers; g_x is Eq. 10-11 over the ranks'
-    repeats (the slowest rank's, the mean over repeats, per call)."""
+def test_gpu_microbenchmarks_walk_every_layer_in_rounds_and_take_the_slowest_rank():
+    """Each (batch, path)'s ProfileAssist walks all N layers; first every case's warm-ups,
+    then R rounds of one repeat of every case; g_x is Eq. 10-11 over the ranks' repeats
+    (the slowest rank's, the mean over rounds, per call)."""
     sent: list[P.ProfileAssist] = []
+    staged: list[tuple[int, int]] = []
+    rank_us = {0: [100, 300], 1: [200, 200]}  # per round: rank 0's, rank 1's time
 
     async def step_all(msg):
         sent.append(msg)
-        return [P.ProfileDone(step_id=msg.step_id, repeat_us=[100, 300]),
-                P.ProfileDone(step_id=msg.step_id, repeat_us=[200, 200])]
+        rnd = sum(m.repeats for m in sent[:-1]) // 6  # 6 cases a round
+        return [P.ProfileDone(step_id=msg.step_id, repeat_us=[rank_us[q][rnd]] * msg.repeats)
+                for q in (0, 1)]
 
     rt = SimpleNamespace(gpu=SimpleNamespace(step_all=step_all))
-    ch = SimpleNamespace(stage_inputs=lambda *a: None)
-    s = ProfileSettings(warmup=1, repeats=2, iters=10)
-    g = asyncio.run(gpu_microbenchmarks(rt, ch, 8, 4, 5, 2, s, itertools.count()))
-    assert [m.layers for m in sent] == [5, 5, 5] and all(m.layer == 0 for m in sent)
-    assert [m.rows for m in sent] == [2, 2, 2]
-    # repeats: max(100, 200) and max(300, 200) us over 10 calls each
-    assert g == pytest.approx({x: (20e-6 + 30e-6) / 2 for x in ("p", "lS", "lA")})
+    ch = SimpleNamespace(stage_inputs=lambda op, layer, h, a, rows: staged.append(
+        (h.shape[0], op)))
+    s = ProfileSettings(warmup=3, repeats=2, iters=10)
+    g = asyncio.run(gpu_microbenchmarks(rt, ch, 8, 4, 5, [1, 2], s, itertools.count()))
+    cases = [(b, op) for b in (1, 2) for op in run_mod.PATH_OPS.values()]
+    assert [(m.rows, m.op) for m in sent] == cases * 3 and staged == cases * 3
+    assert [(m.warmup, m.repeats) for m in sent] == [(3, 0)] * 6 + [(0, 1)] * 12
+    assert all(m.layer == 0 and m.layers == 5 and m.iters == 10 for m in sent)
+    # round 1: max(100, 200) us, round 2: max(300, 200) us, over 10 calls each
+    assert set(g) == {1, 2}
+    for b in (1, 2):
+        assert g[b] == pytest.approx({x: (20e-6 + 30e-6) / 2 for x in ("p", "lS", "lA")})
