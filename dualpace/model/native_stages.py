@@ -38,8 +38,16 @@ kernels read as stored, and its activations cross each stage's boundary in that 
 the torch stages' do: converted to fp32 on entry and back on exit (a few KB a stage), so
 Dense Assist, the rings and sampling see the same tensors either way. Such a model's prefill
 chunks keep the torch stages (bf16 GEMMs: AMX through oneDNN), whose rounding they then
-follow. Without this a bf16 model ran two dozen torch ops a layer: measured on a 2-core AMX
-VM (Intel Xeon), torch's bf16 linear at one row streams 23-29 GB/s against the kernel's 53.
+follow, where the CPU has that dtype's arithmetic; where it has not (``slices_rows``: bf16
+without AVX512_BF16, fp16 without AMX) torch's GEMM widens every element in software, and
+more than NATIVE_MAX_ROWS rows (prefill chunks, decode batches past 128 rows, the head of as
+many sampling rows) run the decode-sized stages NATIVE_MAX_ROWS rows a call (``pre_rows``,
+``post_rows``, ``final_rows``): on the 2-core Zen 3 VM (AVX2; demo model in bf16, one
+thread) a post-attention stage over 129 rows took 69.8 ms through torch against 10.7 ms in
+two calls, over 256 rows 136.1 against 19.6 ms (fp32 through the GEMM: 15.9 ms); torch's
+bf16 and fp16 linear ran 10.6 and 13.3 GFLOP/s there, fp32 84.6. Without this a bf16 model
+ran two dozen torch ops a layer: measured on a 2-core AMX VM (Intel Xeon), torch's bf16
+linear at one row streams 23-29 GB/s against the kernel's 53.
 ``DUALPACE_NATIVE_STAGES=0`` turns it off (the torch stages then run everywhere).
 """
 
@@ -56,6 +64,19 @@ from dualpace.model.weights import ModelWeights
 
 # Above this many rows (prefill chunks) torch's GEMM beats the weight-streaming kernel.
 NATIVE_MAX_ROWS = 128
+
+
+def torch_gemm_lacks_arithmetic(dtype: torch.dtype) -> bool:
+    """Whether this CPU lacks the instructions torch's (oneDNN's) GEMM would use for
+    ``dtype``: AVX512_BF16 for bf16, AVX512_FP16 for fp16 (not detected here; every CPU with
+    AMX so far, Sapphire Rapids on, has it, so AMX stands for it). fp32: never. The
+    hardware's, not the forced kernel path's (DUALPACE_CPU_ISA): torch does not follow it."""
+    if dtype == torch.float32 or not cpu_kernels.available():
+        return False
+    feats = cpu_kernels.cpu_features()
+    if dtype == torch.bfloat16:
+        return not feats["avx512_bf16"]
+    return not feats["amx_bf16"]
 
 
 _DTYPE_CODES = cpu_kernels.DTYPE_CODES
@@ -115,6 +136,9 @@ class NativeStages:
         # mixed: the C stages convert them to and from fp32, and prefill chunks stay torch's
         self.act_dtype = weights.embed.dtype
         self.mixed = self.act_dtype != torch.float32
+        # more rows than decode-sized through the decode-sized stages, a slice at a time,
+        # where torch's GEMM in the model's dtype would widen every element in software
+        self.slices_rows = self.mixed and torch_gemm_lacks_arithmetic(self.act_dtype)
         # Everything C points at is kept alive here for the model's life.
         self._keep: list[torch.Tensor] = [cos.float().contiguous(), sin.float().contiguous()]
         m = ffi.new("dp_layer_dims *")
@@ -287,6 +311,28 @@ class NativeStages:
                                                       seq_lens, scale)
         return cpu_kernels.paged_decode_attention_checked(q, k_cache, v_cache, block_tables,
                                                           seq_lens, scale)
+
+    # --- more rows than decode-sized, a slice at a time (``slices_rows``) ----------------
+    def pre_rows(self, i: int, hidden: torch.Tensor, positions: torch.Tensor,
+                 slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+                 ) -> torch.Tensor:
+        """``pre`` over any number of rows, NATIVE_MAX_ROWS a call (each row's RoPE and KV
+        append are its own, so the slices' order does not matter)."""
+        n = NATIVE_MAX_ROWS
+        return torch.cat([self.pre(i, hidden[r:r + n], positions[r:r + n], slots[r:r + n],
+                                   k_cache, v_cache) for r in range(0, hidden.shape[0], n)])
+
+    def post_rows(self, i: int, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """``post`` over any number of rows, NATIVE_MAX_ROWS a call."""
+        n = NATIVE_MAX_ROWS
+        return torch.cat([self.post(i, hidden[r:r + n], attn[r:r + n])
+                          for r in range(0, hidden.shape[0], n)])
+
+    def final_rows(self, hidden_rows: torch.Tensor) -> torch.Tensor:
+        """``final`` over any number of rows, NATIVE_MAX_ROWS a call."""
+        n = NATIVE_MAX_ROWS
+        return torch.cat([self.final(hidden_rows[r:r + n])
+                          for r in range(0, hidden_rows.shape[0], n)])
 
     def post(self, i: int, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """O proj + residual, RMSNorm, gate/up, SiLU * up, down + residual -> hidden."""

@@ -173,29 +173,38 @@ class StagedModel:
     def pre_layer(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.w.embed)
 
-    def _native_for(self, rows: int) -> NativeStages | None:
-        return self.native if rows <= NATIVE_MAX_ROWS else None
+    def _native_head(self, rows: int):
+        """The native final norm + LM head for ``rows`` sampling rows, or None (torch's)."""
+        if self.native is None:
+            return None
+        if rows <= NATIVE_MAX_ROWS:
+            return self.native.final
+        return self.native.final_rows if self.native.slices_rows else None
 
     def _decode_sized(self, rows: int) -> bool:
         """Whether ``rows`` take the fused decode-sized native stages: up to NATIVE_MAX_ROWS,
         on every path (native_stages.py: the chunk stages' GEMMs win only above)."""
         return rows <= NATIVE_MAX_ROWS
 
-    def _native_stage(self, rows: int, decode_sized, chunk):
+    def _native_stage(self, rows: int, decode_sized, chunk, by_rows):
         """The native stage for ``rows`` (``decode_sized`` where ``_decode_sized``, else
-        ``chunk``), or None: the torch stage (no native stages, or a mixed-precision
-        model's prefill chunk)."""
+        ``chunk``; a mixed-precision model's ``by_rows`` where its dtype's torch GEMM
+        lacks the CPU's arithmetic, ``NativeStages.slices_rows``), or None: the torch
+        stage (no native stages, or a mixed-precision model's prefill chunk)."""
         if self.native is None:
             return None
         if self._decode_sized(rows):
             return decode_sized
-        return None if self.native.mixed else chunk
+        if not self.native.mixed:
+            return chunk
+        return by_rows if self.native.slices_rows else None
 
     def pre_attention(
         self, i: int, hidden: torch.Tensor, batch: ForwardBatch, kv: KVCache
     ) -> torch.Tensor:
         if self.native is not None:
-            stage = self._native_stage(hidden.shape[0], self.native.pre, self.native.pre_chunk)
+            stage = self._native_stage(hidden.shape[0], self.native.pre, self.native.pre_chunk,
+                                       self.native.pre_rows)
             if stage is not None:
                 return stage(i, hidden, batch.positions, batch.slot_mapping, kv.k[i], kv.v[i])
         q, k, v = self.qkv(i, hidden, batch.positions)
@@ -244,7 +253,8 @@ class StagedModel:
 
     def post_attention(self, i: int, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         if self.native is not None:
-            stage = self._native_stage(hidden.shape[0], self.native.post, self.native.post_chunk)
+            stage = self._native_stage(hidden.shape[0], self.native.post,
+                                       self.native.post_chunk, self.native.post_rows)
             if stage is not None:
                 return stage(i, hidden, attn)
         cfg, lw = self.cfg, self.w.layers[i]
@@ -256,9 +266,9 @@ class StagedModel:
 
     def post_layer(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head on the sampling rows; logits in fp32."""
-        native = self._native_for(hidden_rows.shape[0])
-        if native is not None:
-            return native.final(hidden_rows)
+        head = self._native_head(hidden_rows.shape[0])
+        if head is not None:
+            return head(hidden_rows)
         x = rms_norm(hidden_rows, self.w.final_norm, self.cfg.rms_norm_eps)
         return self.linear(x, self.w.lm_head, None).float()
 

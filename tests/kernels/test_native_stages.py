@@ -535,14 +535,16 @@ def test_mixed_forward_is_no_less_accurate_than_the_torch_bf16_stages(bf16_model
 
 
 def test_mixed_prefill_chunks_take_the_torch_stages(bf16_models, monkeypatch):
-    """The chunk stages are fp32 GEMMs: a bf16 model's prefill chunks run the torch bf16
-    stages instead (oneDNN's bf16 GEMMs), never the weight-streaming ones."""
+    """Where the CPU has bf16 arithmetic the chunk stages' fp32 GEMMs do not serve a bf16
+    model: its prefill chunks run the torch bf16 stages (oneDNN's bf16 GEMMs), never the
+    weight-streaming ones, nor does a head over more than NATIVE_MAX_ROWS rows."""
     cfg, native, plain, _ = bf16_models
+    monkeypatch.setattr(native.native, "slices_rows", False)
 
     def refuse(*a, **k):
         raise AssertionError("a native stage was called for a mixed model's prefill chunk")
 
-    for name in ("pre", "post", "pre_chunk", "post_chunk"):
+    for name in ("pre", "post", "pre_chunk", "post_chunk", "final"):
         monkeypatch.setattr(native.native, name, refuse)
     g = torch.Generator().manual_seed(4)
     hidden = torch.randn(CHUNK, cfg.hidden_size, generator=g).bfloat16()
@@ -554,6 +556,77 @@ def test_mixed_prefill_chunks_take_the_torch_stages(bf16_models, monkeypatch):
     attn = torch.randn(CHUNK, cfg.q_size, generator=g).bfloat16()
     assert torch.equal(native.post_attention(0, hidden, attn),
                        plain.post_attention(0, hidden, attn))
+    assert torch.equal(native.post_layer(hidden), plain.post_layer(hidden))
+
+
+@pytest.mark.parametrize("rows", [NATIVE_MAX_ROWS + 1, 2 * NATIVE_MAX_ROWS + 3])
+def test_mixed_rows_past_decode_size_take_the_native_stages_a_slice_at_a_time(
+        bf16_models, isa, rows, monkeypatch):
+    """Where the CPU lacks bf16 arithmetic (torch's bf16 GEMM widens in software: 7x slower
+    here), a bf16 model's stages over more than NATIVE_MAX_ROWS rows run the decode-sized
+    stages NATIVE_MAX_ROWS rows a call: each slice's result is that stage's on the slice
+    (the same KV written), within bf16 rounding of torch's bf16 stages; no chunk stage runs."""
+    cfg, native, plain, _ = bf16_models
+    assert native.native.slices_rows == native_stages.torch_gemm_lacks_arithmetic(
+        torch.bfloat16)  # what this CPU does unpatched
+    monkeypatch.setattr(native.native, "slices_rows", True)
+    calls: list[tuple[str, int]] = []
+    for name in ("pre", "post", "final"):
+        stage = getattr(native.native, name)
+
+        def counted(*a, stage=stage, name=name):
+            rows_in = a[1] if name != "final" else a[0]
+            calls.append((name, rows_in.shape[0]))
+            return stage(*a)
+
+        monkeypatch.setattr(native.native, name, counted)
+
+    def refuse(*a, **k):
+        raise AssertionError("a chunk stage (fp32 GEMMs) was called for a mixed model")
+
+    for name in ("pre_chunk", "post_chunk"):
+        monkeypatch.setattr(native.native, name, refuse)
+    g = torch.Generator().manual_seed(6)
+    hidden = torch.randn(rows, cfg.hidden_size, generator=g).bfloat16()
+    attn = torch.randn(rows, cfg.q_size, generator=g).bfloat16()
+    blocks = -(-rows // 16) + 2
+    batch = type("B", (), {"positions": torch.randint(0, 500, (rows,), generator=g),
+                           "slot_mapping": torch.randperm(blocks * 16, generator=g)[:rows]})
+    slices = [min(NATIVE_MAX_ROWS, rows - r) for r in range(0, rows, NATIVE_MAX_ROWS)]
+    kv_n, kv_s, kv_t = (_kv(cfg, torch.bfloat16, blocks=blocks) for _ in range(3))
+    q_n = native.pre_attention(1, hidden, batch, kv_n)
+    assert calls == [("pre", n) for n in slices]
+    # the same stage slice by slice, by hand
+    q_s = torch.cat([native.native.pre(1, hidden[r:r + n], batch.positions[r:r + n],
+                                       batch.slot_mapping[r:r + n], kv_s.k[1], kv_s.v[1])
+                     for r, n in zip(range(0, rows, NATIVE_MAX_ROWS), slices)])
+    assert q_n.dtype == torch.bfloat16 and torch.equal(q_n, q_s)
+    assert torch.equal(kv_n.k[1], kv_s.k[1]) and torch.equal(kv_n.v[1], kv_s.v[1])
+    q_t = plain.pre_attention(1, hidden, batch, kv_t)
+    assert _rel(q_n, q_t) < 3e-2 and _rel(kv_n.k[1], kv_t.k[1]) < 3e-2
+    calls.clear()
+    h_n = native.post_attention(1, hidden, attn)
+    assert calls == [("post", n) for n in slices]
+    assert h_n.dtype == torch.bfloat16 and h_n.shape == hidden.shape
+    assert _rel(h_n, plain.post_attention(1, hidden, attn)) < 3e-2
+    calls.clear()
+    logits = native.post_layer(hidden)
+    assert calls == [("final", n) for n in slices]
+    assert logits.dtype == torch.float32 and _rel(logits, plain.post_layer(hidden)) < 3e-2
+
+
+def test_which_cpus_slice_a_mixed_models_rows(models, monkeypatch):
+    """bf16 without AVX512_BF16 and fp16 without AMX (standing for AVX512_FP16) slice; fp32
+    never (its chunks take the fp32 GEMM)."""
+    assert models[1].native.slices_rows is False
+    feats = {"avx2": True, "avx512": True, "avx512_bf16": False, "amx_bf16": False}
+    monkeypatch.setattr(cpu_kernels, "cpu_features", lambda: dict(feats))
+    lacks = native_stages.torch_gemm_lacks_arithmetic
+    assert lacks(torch.bfloat16) and lacks(torch.float16) and not lacks(torch.float32)
+    feats["avx512_bf16"] = True
+    assert not lacks(torch.bfloat16) and lacks(torch.float16)
+    feats["amx_bf16"] = True
+    assert not lacks(torch.bfloat16) and not lacks(torch.float16)
 
 
 def test_mixed_decode_layers_matches_the_layer_loop(bf16_models, isa):
