@@ -173,14 +173,6 @@ class StagedModel:
     def pre_layer(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.w.embed)
 
-    def _native_head(self, rows: int):
-        """The native final norm + LM head for ``rows`` sampling rows, or None (torch's)."""
-        if self.native is None:
-            return None
-        if rows <= NATIVE_MAX_ROWS:
-            return self.native.final
-        return self.native.final_rows if self.native.slices_rows else None
-
     def _decode_sized(self, rows: int) -> bool:
         """Whether ``rows`` take the fused decode-sized native stages: up to NATIVE_MAX_ROWS,
         on every path (native_stages.py: the chunk stages' GEMMs win only above)."""
@@ -266,9 +258,11 @@ class StagedModel:
 
     def post_layer(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head on the sampling rows; logits in fp32."""
-        head = self._native_head(hidden_rows.shape[0])
-        if head is not None:
-            return head(hidden_rows)
+        if self.native is not None:  # more rows than decode-sized: no chunk head, torch's
+            head = self._native_stage(hidden_rows.shape[0], self.native.final, None,
+                                      self.native.final_rows)
+            if head is not None:
+                return head(hidden_rows)
         x = rms_norm(hidden_rows, self.w.final_norm, self.cfg.rms_norm_eps)
         return self.linear(x, self.w.lm_head, None).float()
 
