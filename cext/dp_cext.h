@@ -55,12 +55,14 @@ int dp_linear(const float *x, int M, int K, const void *w, int w_dtype, int N,
  * (bf16 W, DP_AMX_MIN_ROWS rows or more, K a multiple of 32), 0 when as vector FMAs. */
 int dp_linear_uses_amx(int isa, int w_dtype, int M, int K);
 
-/* Prefill-sized GEMM (gemm.c): out[M,N] = add[M,N] + x[M,K] @ W[N,K]^T + bias[N], all fp32
- * (add and bias may be NULL; add may be out itself). Bound by FMAs: x is packed into panels
- * per call, W read in place. isa: AVX2 or AVX-512 (and the paths built on it); -1 for the
- * scalar path, -2 bad sizes, -5 out of memory. */
-int dp_gemm(const float *x, int M, int K, const float *w, int N, const float *bias,
-            const float *add, float *out, int isa, int num_threads);
+/* Prefill-sized GEMM (gemm.c): out[M,N] = add[M,N] + x[M,K] @ W[N,K]^T + bias[N], fp32
+ * but W, which is fp32, bf16 or fp16 (then K a multiple of 16; computed in fp32 on W
+ * widened exactly), w_dtype its DP_* code (add and bias may be NULL; add may be out
+ * itself). Bound by FMAs: x is packed into panels per call, fp32 W read in place, a narrow
+ * W widened a tile at a time. isa: AVX2 or AVX-512 (and the paths built on it); -1 for the
+ * scalar path, -2 bad sizes or dtype, -5 out of memory. */
+int dp_gemm(const float *x, int M, int K, const void *w, int w_dtype, int N,
+            const float *bias, const float *add, float *out, int isa, int num_threads);
 
 /* Causal prefill attention over one layer of an HND KV pool (prefill_attention.c): the new
  * rows q[query_start[b] .. query_start[b + 1]) of sequence b sit at positions

@@ -222,12 +222,15 @@ static inline dp_linear_fn dp_linear_for(int isa) {
 }
 /* The prefill GEMM's per-ISA tiles (gemm_body.h): columns [n_lo, n_hi) of a packed block
  * of x against W; the driver (gemm.c) packs, blocks and splits. */
-typedef void (*dp_gemm_fn)(const float *, int, int, const float *, int64_t, int, int,
+typedef void (*dp_gemm_fn)(const float *, int, int, const char *, int, int64_t, int, int,
                            const float *, const float *, float *, int64_t, int);
-void dp_gemm_avx2(const float *, int, int, const float *, int64_t, int, int, const float *,
-                  const float *, float *, int64_t, int);
-void dp_gemm_avx512(const float *, int, int, const float *, int64_t, int, int, const float *,
-                    const float *, float *, int64_t, int);
+void dp_gemm_avx2(const float *, int, int, const char *, int, int64_t, int, int,
+                  const float *, const float *, float *, int64_t, int);
+void dp_gemm_avx512(const float *, int, int, const char *, int, int64_t, int, int,
+                    const float *, const float *, float *, int64_t, int);
+/* The GEMM's K block (gemm.c): a block of x is DP_GEMM_MB x DP_GEMM_KC floats, a tile of
+ * widened bf16/fp16 W GEMM_NR x DP_GEMM_KC (gemm_body.h). */
+#define DP_GEMM_KC 512
 /* Tiles per ISA: AVX2 6 W rows x 16 x rows (12 of the 16 ymm registers accumulate),
  * AVX-512 12 x 32 (24 of the 32 zmm). isa: a dense ISA (dp_dense_isa). */
 #define DP_GEMM_NR_AVX2 6

@@ -9,7 +9,6 @@
  * the threads: its value depends neither on which thread computed it nor on how many. */
 #include "dp_internal.h"
 
-#define DP_GEMM_KC 512
 #define DP_GEMM_MB 128  /* a multiple of both ISAs' panel rows (16 and 32) */
 
 /* Rows [m0, m0 + rows) and K steps [k0, k0 + kc) of x into panels of mr rows:
@@ -32,7 +31,8 @@ static void pack_panels(const float *x, int M, int K, int m0, int rows, int k0, 
 }
 
 typedef struct {
-    const float *x; int M, K; const float *w; int N; const float *bias, *add; float *out;
+    const float *x; int M, K; const char *w; int wdt; int N; const float *bias, *add;
+    float *out;
     int mb, mr, nr, tiles; dp_gemm_fn fn; float *xp; dp_share *sh;
 } gemm_job;
 
@@ -51,7 +51,8 @@ static void gemm_task(void *p, int t, int T) {
             for (int lo, hi; dp_claim_rows(j->sh, T, t, tiles * DP_UNIT_ROWS, &lo, &hi);) {
                 const int n_lo = lo / DP_UNIT_ROWS * nr;
                 const int n_hi = hi / DP_UNIT_ROWS * nr < N ? hi / DP_UNIT_ROWS * nr : N;
-                j->fn(j->xp, rows, kc, j->w + k0, K, n_lo, n_hi, j->bias,
+                j->fn(j->xp, rows, kc, j->w + (int64_t)k0 * dp_elem_size(j->wdt), j->wdt,
+                      K, n_lo, n_hi, j->bias,
                       j->add ? j->add + (int64_t)m0 * N : NULL, j->out + (int64_t)m0 * N, N,
                       k0 == 0);
             }
@@ -60,12 +61,14 @@ static void gemm_task(void *p, int t, int T) {
     }
 }
 
-int dp_gemm(const float *x, int M, int K, const float *w, int N, const float *bias,
-            const float *add, float *out, int isa, int num_threads) {
+int dp_gemm(const float *x, int M, int K, const void *w, int w_dtype, int N,
+            const float *bias, const float *add, float *out, int isa, int num_threads) {
     const int disa = dp_dense_isa(isa);
     const dp_gemm_fn fn = dp_gemm_for(disa);
     if (!fn) return -1;
     if (M <= 0 || N <= 0 || K <= 0 || !x || !w || !out) return -2;
+    /* a narrow W is widened VW elements at a time, K block by K block (gemm_body.h) */
+    if (w_dtype != DP_F32 && ((w_dtype != DP_BF16 && w_dtype != DP_F16) || K % 16)) return -2;
     const int mr = dp_gemm_mr(disa), nr = dp_gemm_nr(disa);
     const int nt = num_threads > 0 ? num_threads : 1;
     const int mb = M < DP_GEMM_MB ? (M + mr - 1) / mr * mr : DP_GEMM_MB;
@@ -75,7 +78,7 @@ int dp_gemm(const float *x, int M, int K, const float *w, int N, const float *bi
     /* the claims count tiles: unit u of the shares is tile u (dp_claim_rows hands out
      * multiples of DP_UNIT_ROWS "rows") */
     dp_share sh[nt];
-    gemm_job j = {x, M, K, w, N, bias, add, out, mb, mr, nr, (N + nr - 1) / nr, fn, xp, sh};
+    gemm_job j = {x, M, K, (const char *)w, w_dtype, N, bias, add, out, mb, mr, nr, (N + nr - 1) / nr, fn, xp, sh};
     dp_team_run(nt, gemm_task, &j);
     return 0;
 }

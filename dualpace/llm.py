@@ -7,7 +7,6 @@ background thread runs the ServingEngine; ``generate`` blocks until every output
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -148,5 +147,9 @@ class LLM:
         self.shutdown()
 
     def __del__(self):
-        with contextlib.suppress(Exception):  # interpreter shutdown: best effort only
+        # best effort only; at interpreter exit the module's globals (contextlib) may already
+        # be None, so no name from them here
+        try:
             self.shutdown()
+        except Exception:
+            pass

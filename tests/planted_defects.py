@@ -557,7 +557,7 @@ PLANTS = [
           (CHUNK_TEST,)),
     Plant("chunk-qkv-bias-dropped", "a prefill chunk's QKV GEMM leaves out the QKV bias",
           "dualpace/model/native_stages.py",
-          "        qkv = self._project(x, lw.qkv, lw.qkv_bias)",
+          "        qkv = self._project(x, lw.qkv, self.biases[i][0])",
           "        qkv = self._project(x, lw.qkv)",
           (CHUNK_TEST,)),
     Plant("chunk-silu-halves-swapped", "a prefill chunk's SiLU * up takes SiLU of the up half",
@@ -685,8 +685,8 @@ PLANTS = [
           ("tests/kernels/test_gemm.py::test_bad_arguments_are_refused",)),
     Plant("prefill-gemm-auto-everywhere", "auto picks the AVX-512 GEMM on Intel hosts too, "
           "where it is not measured against MKL", "dualpace/kernels/cpu.py",
-          "    if flag == \"cext\" or path == \"avx2\" or cpu_vendor() in "
-          "_GEMM_AUTO_AVX512_VENDORS:",
+          "    if (flag == \"cext\" or path == \"avx2\" or weight_dtype != torch.float32\n"
+          "            or cpu_vendor() in _GEMM_AUTO_AVX512_VENDORS):",
           "    if True:",
           ("tests/kernels/test_gemm.py::test_the_prefill_gemm_choice",)),
     Plant("vendor-key-unstripped", "the cpuinfo vendor parser compares the key with its "
@@ -766,6 +766,41 @@ PLANTS = [
           "dualpace/model/stages.py",
           "        if not self.native.mixed:\n            return chunk\n", "        return chunk\n",
           ("tests/kernels/test_native_stages.py::test_mixed_prefill_chunks_take_the_torch_stages",)),
+    Plant("gemm-widens-one-row-short", "the GEMM widens all but the last W row of a tile",
+          "cext/gemm_body.h", "    for (int j = 0; j < nr; j++) {\n        const char *src",
+          "    for (int j = 0; j < nr - 1; j++) {\n        const char *src",
+          ("tests/kernels/test_gemm.py::test_narrow_weights_multiply_as_their_fp32_widening",)),
+    Plant("mixed-chunks-always-slice", "a bf16 model's chunks slice even where the cext GEMM "
+          "has its weights", "dualpace/model/stages.py",
+          "        return chunk if chunk is not None and self.native.gemm_isa is not None "
+          "else by_rows",
+          "        return by_rows",
+          ("tests/kernels/test_native_stages.py::"
+           "test_mixed_rows_past_decode_size_take_the_gemm_stages_where_torch_lacks_the_arithmetic",)),
+    Plant("mixed-never-gets-gemm", "a bf16 model never gets the cext GEMM",
+          "dualpace/model/native_stages.py",
+          "                         if not self.mixed or self.slices_rows else None)",
+          "                         if not self.mixed else None)",
+          ("tests/kernels/test_native_stages.py::"
+           "test_a_mixed_model_takes_the_cext_gemm_only_where_torch_lacks_the_arithmetic",)),
+    Plant("mixed-chunk-q-fp32", "a bf16 model's chunk stage hands q on in fp32",
+          "dualpace/model/native_stages.py",
+          "dp_qkv_rope_append failed with code {rc}\"))\n        return self._out(q)",
+          "dp_qkv_rope_append failed with code {rc}\"))\n        return q",
+          ("tests/kernels/test_native_stages.py::"
+           "test_mixed_rows_past_decode_size_take_the_gemm_stages_where_torch_lacks_the_arithmetic",)),
+    Plant("chunk-bias-in-model-dtype", "a bf16 model's chunk QKV takes its bias in bf16",
+          "dualpace/model/native_stages.py",
+          "        qkv = self._project(x, lw.qkv, self.biases[i][0])",
+          "        qkv = self._project(x, lw.qkv, lw.qkv_bias)",
+          ("tests/kernels/test_native_stages.py::"
+           "test_mixed_rows_past_decode_size_take_the_gemm_stages_where_torch_lacks_the_arithmetic",)),
+    Plant("llm-del-uses-module-globals", "LLM.__del__ leans on a module global, None at exit",
+          "dualpace/llm.py",
+          "        try:\n            self.shutdown()\n        except Exception:\n            pass",
+          "        with contextlib.suppress(Exception):\n            self.shutdown()",
+          ("tests/engine/test_llm_api.py::"
+           "test_a_collected_llm_says_nothing_at_interpreter_exit",)),
     Plant("mixed-leaks-fp32", "a bf16 model's native stages hand fp32 to the next stage",
           "dualpace/model/native_stages.py",
           "        return t.to(self.act_dtype) if self.mixed else t", "        return t",
@@ -1442,7 +1477,7 @@ PLANTS = [
           ("tests/kernels/test_native_stages.py",)),
     Plant("mixed-chunks-always-sliced", "a mixed model slices its chunks on every CPU",
           "dualpace/model/stages.py",
-          "return by_rows if self.native.slices_rows else None", "return by_rows",
+          "        if not self.native.slices_rows:\n            return None\n", "",
           ("tests/kernels/test_native_stages.py",)),
     Plant("fp16-follows-bf16", "fp16 is sliced by the bf16 rule",
           "dualpace/model/native_stages.py", "    return not feats[\"amx_bf16\"]\n",

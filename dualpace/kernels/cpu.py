@@ -422,20 +422,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          add: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
          isa: str | None = None) -> torch.Tensor:
-    """``add + x @ weight.T + bias`` for prefill-sized x (cext/gemm.c), all fp32: x [M, K],
-    weight [N, K], bias [N], add [M, N] (``add`` may be ``out``: the residual updated in
-    place). Bound by FMAs, not by reading the weight (that is ``linear``, for few rows).
+    """``add + x @ weight.T + bias`` for prefill-sized x (cext/gemm.c), fp32: x [M, K],
+    weight [N, K] (fp32, or bf16 / fp16 with K a multiple of 16: widened exactly and
+    multiplied in fp32), bias [N], add [M, N] (``add`` may be ``out``: the residual updated
+    in place). Bound by FMAs, not by reading the weight (that is ``linear``, for few rows).
     Only the vector paths have it: ``isa`` (default: this process's) must be avx2 or one of
     the AVX-512 paths."""
     ffi, lib = require()
     _check_tensor(x, "x", 2, (torch.float32,))
-    _check_tensor(weight, "weight", 2, (torch.float32,))
+    _check_tensor(weight, "weight", 2, tuple(DTYPE_CODES))
     M, K = x.shape
     N, Kw = weight.shape
     if Kw != K:
         raise ValueError(f"weight: in-features {Kw} differ from x's {K}")
     if M == 0 or N == 0 or K == 0:
         raise ValueError(f"x/weight: need M, N, K > 0 (M={M}, N={N}, K={K})")
+    if weight.dtype != torch.float32 and K % 16:
+        raise ValueError(f"weight: a {weight.dtype} weight needs K a multiple of 16 (K={K})")
     if bias is not None:
         _check_tensor(bias, "bias", 1, (torch.float32,))
         if bias.shape[0] != N:
@@ -454,7 +457,8 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
           or (add is not None and add is not out and _overlaps(add, out))):
         raise ValueError("out: must not overlap x, weight, bias or a separate add")
     rc = lib.dp_gemm(
-        ffi.cast("float *", x.data_ptr()), M, K, ffi.cast("float *", weight.data_ptr()), N,
+        ffi.cast("float *", x.data_ptr()), M, K, ffi.cast("void *", weight.data_ptr()),
+        DTYPE_CODES[weight.dtype], N,
         ffi.cast("float *", bias.data_ptr()) if bias is not None else ffi.NULL,
         ffi.cast("float *", add.data_ptr()) if add is not None else ffi.NULL,
         ffi.cast("float *", out.data_ptr()), ISAS[path], num_threads(),
@@ -503,20 +507,27 @@ def cpu_vendor() -> str:
 _GEMM_AUTO_AVX512_VENDORS = ("AuthenticAMD",)
 
 
-def prefill_gemm_isa() -> str | None:
-    """The ISA path whose GEMM (``gemm``) runs prefill-sized fp32 projections, or None:
-    torch's. $DUALPACE_PREFILL_GEMM: ``cext`` (wherever the path has one), ``torch``, or
-    ``auto`` (default): cext on the AVX2 path, and on the AVX-512 paths of the vendors
-    where it was measured faster (``_GEMM_AUTO_AVX512_VENDORS``: AMD)."""
+def prefill_gemm_isa(weight_dtype: torch.dtype = torch.float32) -> str | None:
+    """The ISA path whose GEMM (``gemm``) runs prefill-sized projections of weights in
+    ``weight_dtype``, or None: not this GEMM. $DUALPACE_PREFILL_GEMM: ``cext`` (wherever
+    the path has one), ``torch``, or ``auto`` (default): for fp32 weights cext on the AVX2
+    path, and on the AVX-512 paths of the vendors where it was measured faster
+    (``_GEMM_AUTO_AVX512_VENDORS``: AMD), else torch's; for bf16 / fp16 weights cext
+    wherever the path has one (the caller asks only where torch's GEMM lacks that dtype's
+    arithmetic, native_stages.torch_gemm_lacks_arithmetic: there torch widens every element
+    in software, 8x slower than this GEMM on a Zen 3)."""
     flag = os.environ.get("DUALPACE_PREFILL_GEMM", "auto").strip().lower() or "auto"
     if flag not in ("auto", "cext", "torch"):
         raise ValueError(f"DUALPACE_PREFILL_GEMM: expected auto, cext or torch, got {flag!r}")
+    if weight_dtype not in DTYPE_CODES:
+        raise ValueError(f"prefill_gemm_isa: no GEMM for {weight_dtype} weights")
     if flag == "torch" or not available():
         return None
     path = resolve_isa()
     if path not in GEMM_ISAS:
         return None
-    if flag == "cext" or path == "avx2" or cpu_vendor() in _GEMM_AUTO_AVX512_VENDORS:
+    if (flag == "cext" or path == "avx2" or weight_dtype != torch.float32
+            or cpu_vendor() in _GEMM_AUTO_AVX512_VENDORS):
         return path
     return None
 

@@ -38,14 +38,19 @@ kernels read as stored, and its activations cross each stage's boundary in that 
 the torch stages' do: converted to fp32 on entry and back on exit (a few KB a stage), so
 Dense Assist, the rings and sampling see the same tensors either way. Such a model's prefill
 chunks keep the torch stages (bf16 GEMMs: AMX through oneDNN), whose rounding they then
-follow, where the CPU has that dtype's arithmetic; where it has not (``slices_rows``: bf16
-without AVX512_BF16, fp16 without AMX) torch's GEMM widens every element in software, and
-more than NATIVE_MAX_ROWS rows (prefill chunks, decode batches past 128 rows, the head of as
-many sampling rows) run the decode-sized stages NATIVE_MAX_ROWS rows a call (``pre_rows``,
-``post_rows``, ``final_rows``): on the 2-core Zen 3 VM (AVX2; demo model in bf16, one
-thread) a post-attention stage over 129 rows took 69.8 ms through torch against 10.7 ms in
-two calls, over 256 rows 136.1 against 19.6 ms (fp32 through the GEMM: 15.9 ms); torch's
-bf16 and fp16 linear ran 10.6 and 13.3 GFLOP/s there, fp32 84.6. Without this a bf16 model
+follow, where the CPU has that dtype's arithmetic. Where it has not (``slices_rows``: bf16
+without AVX512_BF16, fp16 without AMX) torch's GEMM widens every element in software (on
+the 2-core Zen 3 VM its bf16 linear ran 15-21 GFLOP/s on two threads, an eighth of the cext
+GEMM), so no stage over more than NATIVE_MAX_ROWS rows goes there: pre and post (prefill
+chunks, decode batches past 128 rows) take the chunk stages on the cext GEMM, which widens
+W a tile at a time (cext/gemm_body.h) and runs at the fp32 GEMM's pace (0.90-1.10x its
+time on the same weights in fp32), and the head over as many sampling rows, which has no
+chunk stage, runs the decode-sized one NATIVE_MAX_ROWS rows a call (``final_rows``); on a
+path without the cext GEMM (scalar, or $DUALPACE_PREFILL_GEMM=torch) pre and post slice
+the same way (``pre_rows``, ``post_rows``). Measured there (bench/mixed_precision_steps.py,
+demo model in bf16, two threads, the workers' OpenMP spin), a 512-token prefill took 1361
+ms through torch, 225 sliced and 186 on the GEMM (fp32: 178), a 200-row decode step over
+128 tokens of context 566, 97 and 87 ms (fp32: 92). Without this a bf16 model
 ran two dozen torch ops a layer: measured on a 2-core AMX VM (Intel Xeon), torch's bf16
 linear at one row streams 23-29 GB/s against the kernel's 53.
 ``DUALPACE_NATIVE_STAGES=0`` turns it off (the torch stages then run everywhere).
@@ -150,20 +155,25 @@ class NativeStages:
         m.cos, m.sin = _ptr(ffi, self._keep[0]), _ptr(ffi, self._keep[1])
         self.dims = m
         # the prefill chunks' projections: the cext GEMM where it is the faster
-        # (cpu_kernels.prefill_gemm_isa), else torch's; fp32 weights only
-        self.gemm_isa = (cpu_kernels.prefill_gemm_isa()
-                         if weights.layers[0].qkv.dtype == torch.float32 else None)
+        # (cpu_kernels.prefill_gemm_isa), else torch's (None); a mixed model's only where
+        # torch's would widen its weights in software (``slices_rows``), since elsewhere
+        # its chunks keep the torch stages
+        w_dtype = weights.layers[0].qkv.dtype
+        self.gemm_isa = (cpu_kernels.prefill_gemm_isa(w_dtype)
+                         if not self.mixed or self.slices_rows else None)
         self.layers = []
-        for lw in weights.layers:
+        # each layer's (QKV, O) biases in fp32, for the chunk stages' GEMMs too
+        self.biases = [(_f32(lw.qkv_bias), _f32(lw.o_bias)) for lw in weights.layers]
+        for lw, (qkv_bias, o_bias) in zip(weights.layers, self.biases):
             s = ffi.new("dp_layer_weights *")
             for field, t, ctype in (
                 ("input_norm", _f32(lw.input_norm), "float *"),
                 ("qkv", lw.qkv.contiguous(), "void *"),
-                ("qkv_bias", _f32(lw.qkv_bias), "float *"),
+                ("qkv_bias", qkv_bias, "float *"),
                 ("q_norm", _f32(lw.q_norm), "float *"),
                 ("k_norm", _f32(lw.k_norm), "float *"),
                 ("o", lw.o.contiguous(), "void *"),
-                ("o_bias", _f32(lw.o_bias), "float *"),
+                ("o_bias", o_bias, "float *"),
                 ("post_norm", _f32(lw.post_norm), "float *"),
                 ("gate_up", lw.gate_up.contiguous(), "void *"),
                 ("down", lw.down.contiguous(), "void *"),
@@ -243,14 +253,15 @@ class NativeStages:
                   slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                   ) -> torch.Tensor:
         """``pre`` for a prefill chunk: RMSNorm (C), the QKV GEMM, q/k norm, RoPE
-        and KV append (C) -> q [T, Hq, D]. fp32 models only (``mixed`` ones keep the torch
-        stages for chunks)."""
+        and KV append (C) -> q [T, Hq, D]. A ``mixed`` model's chunks come here only on the
+        cext GEMM (``gemm_isa``), which multiplies its weights in fp32; their boundaries
+        are in its dtype, as ``pre``'s."""
         cfg, ffi, lw = self.cfg, self.ffi, self.w.layers[i]
         T = hidden.shape[0]
         nb, bs = self._cache_dims(k_cache, v_cache)
         positions, slots = positions.contiguous(), slots.contiguous()
-        x = self._norm_rows(hidden.contiguous(), self.layers[i].input_norm)
-        qkv = self._project(x, lw.qkv, lw.qkv_bias)
+        x = self._norm_rows(self._in(hidden), self.layers[i].input_norm)
+        qkv = self._project(x, lw.qkv, self.biases[i][0])
         q = torch.empty(T, cfg.num_heads, cfg.head_dim, dtype=torch.float32)
         rc = self.lib.dp_qkv_rope_append(
             self.dims, self.layers[i], _ptr(ffi, qkv), T,
@@ -259,15 +270,15 @@ class NativeStages:
             _DTYPE_CODES[k_cache.dtype], nb, bs, _ptr(ffi, q), cpu_kernels.num_threads())
         if rc:
             raise ValueError(_ERRORS.get(rc, f"dp_qkv_rope_append failed with code {rc}"))
-        return q
+        return self._out(q)
 
     def post_chunk(self, i: int, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """``post`` for a prefill chunk: O GEMM + residual (one GEMM), RMSNorm (C), the
-        gate/up GEMM, SiLU * up (C), the down GEMM + residual (in place). fp32 models
-        only, as ``pre_chunk``."""
+        gate/up GEMM, SiLU * up (C), the down GEMM + residual (in place). A ``mixed``
+        model's as ``pre_chunk``'s."""
         ffi, lw = self.ffi, self.w.layers[i]
         T = hidden.shape[0]
-        out = self._project(attn, lw.o, lw.o_bias, add=hidden)
+        out = self._project(self._in(attn), lw.o, self.biases[i][1], add=self._in(hidden))
         x = self._norm_rows(out, self.layers[i].post_norm)
         gate_up = self._project(x, lw.gate_up)
         act = torch.empty(T, self.cfg.intermediate_size, dtype=torch.float32)
@@ -275,7 +286,7 @@ class NativeStages:
                                        _ptr(ffi, act), _isa_code(), cpu_kernels.num_threads())
         if rc:
             raise ValueError(f"dp_silu_mul_rows failed with code {rc}")
-        return self._project(act, lw.down, add=out, out=out)
+        return self._out(self._project(act, lw.down, add=out, out=out))
 
     def _project(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                  add: torch.Tensor | None = None, out: torch.Tensor | None = None

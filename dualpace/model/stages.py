@@ -180,16 +180,20 @@ class StagedModel:
 
     def _native_stage(self, rows: int, decode_sized, chunk, by_rows):
         """The native stage for ``rows`` (``decode_sized`` where ``_decode_sized``, else
-        ``chunk``; a mixed-precision model's ``by_rows`` where its dtype's torch GEMM
-        lacks the CPU's arithmetic, ``NativeStages.slices_rows``), or None: the torch
-        stage (no native stages, or a mixed-precision model's prefill chunk)."""
+        ``chunk``; a mixed-precision model's only where its dtype's torch GEMM lacks the
+        CPU's arithmetic, ``NativeStages.slices_rows``: ``chunk`` on the cext GEMM,
+        ``gemm_isa``, else ``by_rows``), or None: the torch stage (no native stages, no
+        ``chunk`` for a stage, or a mixed-precision model's rows on a CPU with its
+        arithmetic)."""
         if self.native is None:
             return None
         if self._decode_sized(rows):
             return decode_sized
         if not self.native.mixed:
             return chunk
-        return by_rows if self.native.slices_rows else None
+        if not self.native.slices_rows:
+            return None
+        return chunk if chunk is not None and self.native.gemm_isa is not None else by_rows
 
     def pre_attention(
         self, i: int, hidden: torch.Tensor, batch: ForwardBatch, kv: KVCache

@@ -1,8 +1,9 @@
 """The prefill GEMM (cext/gemm.c, gemm_body.h) against float64 on each vector path: shapes
 around its register tile (16 or 32 rows of x by 6 or 12 rows of W), its K blocks (512
 steps) and its M blocks (128 rows), with bias and a residual added (in place too), on 1-3
-threads; rows that do not depend on the batch or the thread count; the refusals; and the
-choice of GEMM for prefill chunks ($DUALPACE_PREFILL_GEMM)."""
+threads; bf16 and fp16 weights, widened a tile at a time; rows that do not depend on the
+batch or the thread count; the refusals; and the choice of GEMM for prefill chunks
+($DUALPACE_PREFILL_GEMM)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,35 @@ def test_gemm_matches_float64(isa, threads, monkeypatch):
         _assert_close(inplace, _want(x, w, b, a), K)
 
 
+# narrow weights need K a multiple of 16 (whole vectors widened): the shapes with such a K,
+# and more K blocks, an edge tile of W and a last M block of 1 row
+NARROW_SHAPES = [(M, N, K) for M, N, K in SHAPES if K % 16 == 0] + [
+    (129, 13, 1040), (300, 70, 1536), (3, 5, 16)]
+
+
+@pytest.mark.parametrize("isa", GEMM_PATHS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_narrow_weights_multiply_as_their_fp32_widening(isa, dtype, threads, monkeypatch):
+    """bf16 / fp16 W widened exactly and multiplied in fp32: to the bit what the fp32 GEMM
+    gives on ``W.float()`` (the same sums in the same order, from the widened tile instead
+    of W in place), and so within fp32 rounding of float64 on the widened weights."""
+    monkeypatch.setattr(cpu_kernels, "_threads_override", threads)
+    g = torch.Generator().manual_seed(10 + threads)
+    for M, N, K in NARROW_SHAPES:
+        x = torch.randn(M, K, generator=g)
+        w = torch.randn(N, K, generator=g).to(dtype)
+        b = torch.randn(N, generator=g)
+        a = torch.randn(M, N, generator=g)
+        for bias, add in ((None, None), (b, a)):
+            got = cpu_kernels.gemm(x, w, bias, add, isa=isa)
+            assert torch.equal(got, cpu_kernels.gemm(x, w.float(), bias, add, isa=isa)), (M, N, K)
+            _assert_close(got, _want(x, w.float(), bias, add), K)
+        inplace = a.clone()
+        assert cpu_kernels.gemm(x, w, b, inplace, out=inplace, isa=isa) is inplace
+        _assert_close(inplace, _want(x, w.float(), b, a), K)
+
+
 @pytest.mark.parametrize("isa", GEMM_PATHS)
 def test_rows_do_not_depend_on_the_batch_or_the_threads(isa, monkeypatch):
     """Each output sums its K products in order, block after block: a row computed alone,
@@ -77,7 +107,10 @@ def test_bad_arguments_are_refused():
     x, w = torch.randn(4, 8), torch.randn(5, 8)
     bad = [
         (dict(x=x.double(), weight=w), "dtype"),
-        (dict(x=x, weight=w.bfloat16()), "dtype"),
+        (dict(x=x, weight=w.double()), "dtype"),
+        (dict(x=x.bfloat16(), weight=w.bfloat16()), "dtype"),
+        (dict(x=x, weight=w.bfloat16()), "K a multiple of 16"),
+        (dict(x=x, weight=w.half()), "K a multiple of 16"),
         (dict(x=x, weight=torch.randn(5, 9)), "in-features"),
         (dict(x=x[:, :4], weight=w[:, :4]), "contiguous"),
         (dict(x=torch.randn(0, 8), weight=w), "M, N, K > 0"),
@@ -126,9 +159,19 @@ def test_the_prefill_gemm_choice(monkeypatch):
             assert cpu_kernels.prefill_gemm_isa() == cext, (vendor, name)
             monkeypatch.setenv("DUALPACE_PREFILL_GEMM", "torch")
             assert cpu_kernels.prefill_gemm_isa() is None, (vendor, name)
+            # bf16 / fp16 weights (asked only where torch's GEMM lacks the arithmetic):
+            # cext wherever the path has one, unless torch's is asked for
+            for dtype in (torch.bfloat16, torch.float16):
+                monkeypatch.setenv("DUALPACE_PREFILL_GEMM", "auto")
+                assert cpu_kernels.prefill_gemm_isa(dtype) == cext, (vendor, name, dtype)
+                monkeypatch.setenv("DUALPACE_PREFILL_GEMM", "torch")
+                assert cpu_kernels.prefill_gemm_isa(dtype) is None, (vendor, name, dtype)
     monkeypatch.setenv("DUALPACE_PREFILL_GEMM", "fast")
     with pytest.raises(ValueError, match="DUALPACE_PREFILL_GEMM"):
         cpu_kernels.prefill_gemm_isa()
+    monkeypatch.setenv("DUALPACE_PREFILL_GEMM", "auto")
+    with pytest.raises(ValueError, match=r"no GEMM for torch\.float64"):
+        cpu_kernels.prefill_gemm_isa(torch.float64)
 
 
 def test_vendor_from_cpuinfo():

@@ -53,6 +53,13 @@ def isa(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=[i for i in ISAS if i in cpu_kernels.GEMM_ISAS])
+def gemm_path(request, monkeypatch):
+    """``isa`` over the paths that have the cext GEMM."""
+    monkeypatch.setattr(cpu_kernels, "_default_isa", request.param)
+    return request.param
+
+
 def _close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-5) -> None:
     scale = b.abs().max().item() + 1e-6
     assert (a - b).abs().max().item() <= rtol * scale * 10, (a - b).abs().max()
@@ -539,7 +546,9 @@ def test_mixed_prefill_chunks_take_the_torch_stages(bf16_models, monkeypatch):
     model: its prefill chunks run the torch bf16 stages (oneDNN's bf16 GEMMs), never the
     weight-streaming ones, nor does a head over more than NATIVE_MAX_ROWS rows."""
     cfg, native, plain, _ = bf16_models
+    # such a CPU: torch's GEMM has the arithmetic, so nothing takes the cext GEMM either
     monkeypatch.setattr(native.native, "slices_rows", False)
+    monkeypatch.setattr(native.native, "gemm_isa", None)
 
     def refuse(*a, **k):
         raise AssertionError("a native stage was called for a mixed model's prefill chunk")
@@ -563,13 +572,16 @@ def test_mixed_prefill_chunks_take_the_torch_stages(bf16_models, monkeypatch):
 def test_mixed_rows_past_decode_size_take_the_native_stages_a_slice_at_a_time(
         bf16_models, isa, rows, monkeypatch):
     """Where the CPU lacks bf16 arithmetic (torch's bf16 GEMM widens in software: 7x slower
-    here), a bf16 model's stages over more than NATIVE_MAX_ROWS rows run the decode-sized
-    stages NATIVE_MAX_ROWS rows a call: each slice's result is that stage's on the slice
-    (the same KV written), within bf16 rounding of torch's bf16 stages; no chunk stage runs."""
+    here) and the cext GEMM is not there for it (``gemm_isa`` None: the scalar path, or
+    $DUALPACE_PREFILL_GEMM=torch), a bf16 model's stages over more than NATIVE_MAX_ROWS rows
+    run the decode-sized stages NATIVE_MAX_ROWS rows a call: each slice's result is that
+    stage's on the slice (the same KV written), within bf16 rounding of torch's bf16
+    stages; no chunk stage runs."""
     cfg, native, plain, _ = bf16_models
     assert native.native.slices_rows == native_stages.torch_gemm_lacks_arithmetic(
         torch.bfloat16)  # what this CPU does unpatched
     monkeypatch.setattr(native.native, "slices_rows", True)
+    monkeypatch.setattr(native.native, "gemm_isa", None)
     calls: list[tuple[str, int]] = []
     for name in ("pre", "post", "final"):
         stage = getattr(native.native, name)
@@ -615,6 +627,85 @@ def test_mixed_rows_past_decode_size_take_the_native_stages_a_slice_at_a_time(
     assert logits.dtype == torch.float32 and _rel(logits, plain.post_layer(hidden)) < 3e-2
 
 
+@pytest.mark.parametrize("rows", [NATIVE_MAX_ROWS + 1, 2 * NATIVE_MAX_ROWS + 3])
+def test_mixed_rows_past_decode_size_take_the_gemm_stages_where_torch_lacks_the_arithmetic(
+        bf16_models, gemm_path, rows, monkeypatch):
+    """Where the CPU lacks bf16 arithmetic and the path has the cext GEMM (``gemm_isa``), a
+    bf16 model's pre and post stages over more than NATIVE_MAX_ROWS rows are the chunk
+    stages, to the bit what the fp32 chunk stages give on the bf16 weights widened, with
+    the model's bf16 boundaries (inputs and outputs rounded, KV stored in bf16): the GEMM
+    widens W exactly and sums in fp32 as on fp32 W. No decode-sized stage runs for them;
+    the head over as many rows still slices (there is no chunk head)."""
+    isa = gemm_path
+    cfg, native, _, _ = bf16_models
+    monkeypatch.setattr(native.native, "slices_rows", True)
+    monkeypatch.setattr(native.native, "gemm_isa", isa)
+    w16 = native.w
+    wide = dataclasses.replace(w16, embed=w16.embed.float(), final_norm=w16.final_norm.float(),
+                               lm_head=w16.lm_head.float(), layers=[
+        dataclasses.replace(lw, **{f.name: getattr(lw, f.name).float()
+                                   for f in dataclasses.fields(lw)
+                                   if getattr(lw, f.name) is not None})
+        for lw in w16.layers])
+    # the bf16 model's RoPE tables (computed in its dtype), so only the GEMMs' inputs differ
+    fp32 = native_stages.NativeStages(cfg, wide, native.rope.cos, native.rope.sin)
+    assert not fp32.mixed
+    monkeypatch.setattr(fp32, "gemm_isa", isa)
+    calls: list[str] = []
+    for name in ("pre_chunk", "post_chunk", "final"):
+        stage = getattr(native.native, name)
+
+        def counted(*a, stage=stage, name=name):
+            calls.append(name)
+            return stage(*a)
+
+        monkeypatch.setattr(native.native, name, counted)
+
+    def refuse(*a, **k):
+        raise AssertionError("a decode-sized stage ran a mixed model's chunk")
+
+    for name in ("pre", "post"):
+        monkeypatch.setattr(native.native, name, refuse)
+    layer = cfg.num_layers - 1
+    g = torch.Generator().manual_seed(8)
+    hidden = torch.randn(rows, cfg.hidden_size, generator=g).bfloat16()
+    attn = torch.randn(rows, cfg.q_size, generator=g).bfloat16()
+    blocks = -(-rows // 16) + 2
+    batch = type("B", (), {"positions": torch.randint(0, 500, (rows,), generator=g),
+                           "slot_mapping": torch.randperm(blocks * 16, generator=g)[:rows]})
+    kv_n, kv_w = _kv(cfg, torch.bfloat16, blocks=blocks), _kv(cfg, torch.float32, blocks=blocks)
+    q_n = native.pre_attention(layer, hidden, batch, kv_n)
+    q_w = fp32.pre_chunk(layer, hidden.float(), batch.positions, batch.slot_mapping, kv_w.k[layer],
+                         kv_w.v[layer])
+    assert calls == ["pre_chunk"]
+    assert q_n.dtype == torch.bfloat16 and torch.equal(q_n, q_w.bfloat16())
+    assert torch.equal(kv_n.k[layer], kv_w.k[layer].bfloat16())
+    assert torch.equal(kv_n.v[layer], kv_w.v[layer].bfloat16())
+    calls.clear()
+    h_n = native.post_attention(layer, hidden, attn)
+    assert calls == ["post_chunk"]
+    assert h_n.dtype == torch.bfloat16
+    assert torch.equal(h_n, fp32.post_chunk(layer, hidden.float(), attn.float()).bfloat16())
+    calls.clear()
+    native.post_layer(hidden)
+    assert calls == ["final"] * len(range(0, rows, NATIVE_MAX_ROWS))
+
+
+def test_a_mixed_model_takes_the_cext_gemm_only_where_torch_lacks_the_arithmetic(
+        bf16_models, models):
+    """This CPU, unpatched: a bf16 model's chunks get the cext GEMM where torch's bf16 GEMM
+    would widen in software and the process's path has the GEMM, and none where torch's has
+    the arithmetic (its chunks keep the torch stages); an fp32 model gets the fp32 choice."""
+    native = bf16_models[1].native
+    path = cpu_kernels.resolve_isa()
+    flag = os.environ.get("DUALPACE_PREFILL_GEMM", "auto").strip().lower()
+    if native.slices_rows and path in cpu_kernels.GEMM_ISAS and flag != "torch":
+        assert native.gemm_isa == path
+    else:
+        assert native.gemm_isa is None
+    assert models[1].native.gemm_isa == cpu_kernels.prefill_gemm_isa()
+
+
 def test_which_cpus_slice_a_mixed_models_rows(models, monkeypatch):
     """bf16 without AVX512_BF16 and fp16 without AMX (standing for AVX512_FP16) slice; fp32
     never (its chunks take the fp32 GEMM)."""
@@ -650,7 +741,8 @@ def test_mixed_decode_layers_matches_the_layer_loop(bf16_models, isa):
 
 
 @pytest.mark.parametrize("rows", [16, NATIVE_MAX_ROWS, NATIVE_MAX_ROWS + 1])
-def test_decode_batches_past_native_max_rows_take_the_gemm(models, isa, rows, monkeypatch):
+def test_decode_batches_past_native_max_rows_take_the_gemm(models, gemm_path, rows,
+                                                          monkeypatch):
     """On every path with the cext GEMM a decode batch takes the fused decode-sized stages
     up to NATIVE_MAX_ROWS (the AVX2 path sent batches from 16 rows to the GEMM until its
     decode linear got a tile that fits 16 registers; then the fused step was 1.3-1.9x
@@ -658,8 +750,7 @@ def test_decode_batches_past_native_max_rows_take_the_gemm(models, isa, rows, mo
     a layer and the head through ``gemm``), not the one-call step. Either way the logits are the
     torch stages'."""
     cfg, native, plain = models
-    if isa not in cpu_kernels.GEMM_ISAS:
-        pytest.skip(f"the {isa} path has no cext GEMM")
+    isa = gemm_path
     monkeypatch.setattr(native.native, "gemm_isa", isa)
     monkeypatch.setattr(plain, "linear", torch.nn.functional.linear)
     calls = []
