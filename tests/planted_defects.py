@@ -801,6 +801,18 @@ PLANTS = [
           "        with contextlib.suppress(Exception):\n            self.shutdown()",
           ("tests/engine/test_llm_api.py::"
            "test_a_collected_llm_says_nothing_at_interpreter_exit",)),
+    Plant("calibration-p-one-layer", "p's calibration calls all go to layer 0",
+          "dualpace/profiler/run.py",
+          "            layer = (layer_turns(num_layers) if op == OP_POST_ATTN",
+          "            layer = ((lambda: 0) if op == OP_POST_ATTN",
+          ("tests/profiler/test_profile_run.py::"
+           "test_calibration_calls_of_p_take_the_layers_in_turn",)),
+    Plant("calibration-la-not-last", "lA's calibration calls take layer 0, not the last",
+          "dualpace/profiler/run.py",
+          "                     else (lambda last=num_layers - 1: last))",
+          "                     else (lambda last=0: last))",
+          ("tests/profiler/test_profile_run.py::"
+           "test_calibration_calls_of_p_take_the_layers_in_turn",)),
     Plant("mixed-leaks-fp32", "a bf16 model's native stages hand fp32 to the next stage",
           "dualpace/model/native_stages.py",
           "        return t.to(self.act_dtype) if self.mixed else t", "        return t",

@@ -23,7 +23,7 @@ Appendix B as written, in four measurements:
    GPU-main step (a serving step's calls are not locked to GPU-main's boundaries; the
    paper does not say how its calibration calls are spaced, see ``issue_spaced``); per
    call the CPU-visible wait W and the GPU worker's G, L, F give q_x and o_x (Eq. 12-13),
-   so the stage-boundary wait is real.
+   so the stage-boundary wait is real. p's calls take the layers in turn too.
 4. Eq. 14-15 combine them into the Eq. 7-8 components; Algorithm 1 picks (P, F).
 
 The GPU batched-token limit comes from one decoder layer's prefill over (B, L) shapes with at
@@ -310,14 +310,18 @@ async def calibrate(rt: Runtime, ch: AssistChannel, hidden: int, attn: int, num_
     rng = random.Random(2024)
     try:
         for path, op in PATH_OPS.items():
-            layer = num_layers - 1 if op != OP_POST_ATTN else 0
+            # p serves a CPU step's every layer: its calls take them in turn and read their
+            # weights as serving does (``layer_turns``; they were all layer 0's until
+            # 2026-12-07); lA is the last layer's by definition, lS has none
+            layer = (layer_turns(num_layers) if op == OP_POST_ATTN
+                     else (lambda last=num_layers - 1: last))
             for b in sizes:
                 g = torch.Generator().manual_seed(2000 + b)
                 h, a = torch.randn(b, hidden, generator=g), torch.randn(b, attn, generator=g)
                 waits: list[float] = []
 
                 def one(op=op, layer=layer, h=h, a=a, b=b, waits=waits):
-                    ch.call(op, layer, h, a if op != OP_POST_LAYER else None,
+                    ch.call(op, layer(), h, a if op != OP_POST_LAYER else None,
                             _rows(b) if op != OP_POST_ATTN else None, alive,
                             timeout=120, waits=waits)
 

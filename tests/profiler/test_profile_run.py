@@ -295,3 +295,52 @@ def test_gpu_microbenchmarks_walk_every_layer_in_rounds_and_take_the_slowest_ran
     assert set(g) == {1, 2}
     for b in (1, 2):
         assert g[b] == pytest.approx({x: (20e-6 + 30e-6) / 2 for x in ("p", "lS", "lA")})
+
+
+def test_calibration_calls_of_p_take_the_layers_in_turn(monkeypatch):
+    """Appendix B's calibration: p's calls (post-attention, which serves every layer of a
+    CPU step) walk the layers as t_p and g_p do, on across batch sizes; lA's are the last
+    layer's (post-attention of layer N − 1, then the head); every call is counted with its
+    wait and the worker's G, L, F."""
+    import threading
+
+    class FakeLoad:
+        def __init__(self, rt, rows, context, steps, ids):
+            self.decoding = threading.Event()
+            self.decoding.set()
+
+        async def run(self, populations=None):
+            if populations is None:
+                await asyncio.sleep(3600)  # GPU-main busy until cancelled
+            return [0.002]
+
+    pending: list[list[int]] = []
+    calls: list[tuple[int, int, int]] = []
+
+    def call(op, layer, h, a, rows, alive, timeout, waits):
+        calls.append((op, layer, h.shape[0]))
+        waits.append(0.001)
+        pending.append([op, 0, 50, 10, 5])
+
+    async def assist_samples():
+        out = pending[:]
+        pending.clear()
+        return out
+
+    monkeypatch.setattr(run_mod, "GpuLoad", FakeLoad)
+    monkeypatch.setattr(run_mod, "pid_alive", lambda pid: None)
+    rt = SimpleNamespace(gpu=SimpleNamespace(pid=1), assist_samples=assist_samples)
+    s = ProfileSettings(calibration_calls=4)
+    out, alone = asyncio.run(run_mod.calibrate(rt, SimpleNamespace(call=call), 8, 4, 3, [1, 2],
+                                               s, itertools.count()))
+    assert alone == 0.002
+    by_op: dict[int, list[tuple[int, int]]] = {}
+    for op, layer, rows in calls:
+        by_op.setdefault(op, []).append((layer, rows))
+    ops = run_mod.PATH_OPS
+    assert by_op[ops["p"]] == [(0, 1), (1, 1), (2, 1), (0, 1), (1, 2), (2, 2), (0, 2), (1, 2)]
+    assert by_op[ops["lA"]] == [(2, 1)] * 4 + [(2, 2)] * 4
+    for x in ops:
+        assert [c.rows for c in out[x]] == [1] * 4 + [2] * 4
+        assert all((c.wait, c.cuda, c.launch, c.finalize) == pytest.approx(
+            (0.001, 50e-6, 10e-6, 5e-6)) for c in out[x])
