@@ -813,6 +813,23 @@ PLANTS = [
           "                     else (lambda last=0: last))",
           ("tests/profiler/test_profile_run.py::"
            "test_calibration_calls_of_p_take_the_layers_in_turn",)),
+    Plant("cpu-dtype-largest-batch", "the CPU dtype is read off the largest batch alone",
+          "dualpace/profiler/run.py",
+          " for b in t_p[\"float32\"]]",
+          " for b in [max(t_p[\"float32\"])]]",
+          ("tests/profiler/test_profile_run.py::"
+           "test_the_cpu_dtype_is_the_faster_over_every_batch_size",)),
+    Plant("cpu-dtype-tie-bf16", "a tie of the dtypes picks bf16", "dualpace/profiler/run.py",
+          "    return (\"bfloat16\" if g < 1 else \"float32\"), g",
+          "    return (\"bfloat16\" if g <= 1 else \"float32\"), g",
+          ("tests/profiler/test_profile_run.py::"
+           "test_the_cpu_dtype_is_the_faster_over_every_batch_size",)),
+    Plant("cpu-dtype-one-after-the-other", "each dtype's post-attention is timed in rounds of "
+          "its own", "dualpace/profiler/run.py",
+          "             for b in sizes for name, models in model_sets.items()}",
+          "             for name, models in model_sets.items() for b in sizes}",
+          ("tests/profiler/test_profile_run.py::"
+           "test_both_dtypes_post_attention_is_timed_in_the_same_rounds",)),
     Plant("mixed-leaks-fp32", "a bf16 model's native stages hand fp32 to the next stage",
           "dualpace/model/native_stages.py",
           "        return t.to(self.act_dtype) if self.mixed else t", "        return t",
@@ -1418,9 +1435,11 @@ PLANTS = [
     Plant("primitives-one-after-the-other", "each (batch, primitive) has all its repeats "
           "before the next is timed",
           "dualpace/profiler/run.py",
-          "    with torch.inference_mode():\n        rounds = interleaved_rounds(cases, s)\n",
+          "    with torch.inference_mode():\n        rounds = interleaved_rounds(cases, s)\n"
+          "    out: dict[int, dict[str, float]]",
           "    with torch.inference_mode():\n        rounds = {key: interleaved_rounds("
-          "{key: fns}, s)[key] for key, fns in cases.items()}\n",
+          "{key: fns}, s)[key] for key, fns in cases.items()}\n"
+          "    out: dict[int, dict[str, float]]",
           ("tests/profiler/test_profile_run.py",)),
     Plant("decode-rounds-mean", "the CPU decode throughput takes the mean of its rounds",
           "dualpace/profiler/run.py",

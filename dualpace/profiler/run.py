@@ -39,6 +39,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import math
 import os
 import random
 import statistics
@@ -181,6 +182,39 @@ def cpu_primitives(models: list[StagedModel], ch: AssistChannel, sizes: Sequence
     for (b, k), r in rounds.items():
         out[b][k] = statistics.fmean(r)
     return out
+
+
+def post_attention_by_dtype(model_sets: dict[str, list[StagedModel]], ch: AssistChannel,
+                            sizes: Sequence[int], s: ProfileSettings
+                            ) -> dict[str, dict[int, float]]:
+    """t_p of each dtype's models (dtype name -> one model per rank) at every batch size
+    (seconds): every (batch, dtype) in the same rounds (``interleaved_rounds``), each the
+    slowest rank's and the mean over rounds as the primitives' (Eq. 10-11). Both dtypes'
+    weights are held at once for it: 1.5x the fp32 model's bytes, which the profiler's
+    process needs for the CPU dtype only."""
+    cases = {(name, b): cpu_primitive_fns(models, ch, b, ("t_p",))["t_p"]
+             for b in sizes for name, models in model_sets.items()}
+    with torch.inference_mode():
+        rounds = interleaved_rounds(cases, s)
+    return {name: {b: statistics.fmean(rounds[(name, b)]) for b in sizes}
+            for name in model_sets}
+
+
+def choose_cpu_dtype(t_p: dict[str, dict[int, float]]) -> tuple[str, float]:
+    """The CPU dense dtype (DESIGN.md CPU dtype: the profiler measures the project's own
+    kernels and decides) from ``post_attention_by_dtype``: ("bfloat16", g) where g, the
+    geometric mean over the batch sizes of t_p(bf16) / t_p(fp32), is below 1, else
+    ("float32", g). Every profiled batch size counts alike, since the CPU tier decodes at
+    all of them. Until 2026-12-07 the choice read the largest batch alone, measured one
+    dtype after the other: past NATIVE_MAX_ROWS (128) rows a bf16 model's stages are the
+    prefill chunks' (the GEMM, or slices where the CPU has neither bf16 arithmetic nor the
+    GEMM), not the decode-sized kernels most steps run, and on the 2-core Zen 3 VM (AVX2)
+    the ratio there is 1.02 while bf16 is 0.63-0.83x fp32's time at 1-8 rows and
+    0.94-1.01x at 16-128 (weights read in half the bytes, widened in registers): two
+    profiles chose float32 and bfloat16 on the same tree by noise."""
+    ratios = [t_p["bfloat16"][b] / t_p["float32"][b] for b in t_p["float32"]]
+    g = math.exp(statistics.fmean(math.log(r) for r in ratios))
+    return ("bfloat16" if g < 1 else "float32"), g
 
 
 async def gpu_microbenchmarks(rt: Runtime, ch: AssistChannel, hidden: int, attn: int,
@@ -468,13 +502,13 @@ async def run_profile(config: EngineConfig, s: ProfileSettings, out_dir: Path) -
         os.sched_setaffinity(0, rc.cpu_cores)
         torch.set_num_threads(len(rc.cpu_cores) // config.cpu_tp or 1)
         ch = rt.assist_channel()
-        # CPU dtype: the faster post-attention at the largest batch (DESIGN.md CPU dtype).
-        dtypes = {}
-        for dt in (torch.float32, torch.bfloat16):
-            prims = cpu_primitives(_cpu_models(config, dt), ch, [max(sizes)], s, ("t_p",))
-            dtypes[str(dt).removeprefix("torch.")] = prims[max(sizes)]["t_p"]
-        cpu_dtype = min(dtypes, key=dtypes.get)
-        cpu_models = _cpu_models(config, getattr(torch, cpu_dtype))
+        # CPU dtype: the faster post-attention over every batch size (choose_cpu_dtype)
+        model_sets = {name: _cpu_models(config, getattr(torch, name))
+                      for name in ("float32", "bfloat16")}
+        dtypes = post_attention_by_dtype(model_sets, ch, sizes, s)
+        cpu_dtype, dtype_ratio = choose_cpu_dtype(dtypes)
+        cpu_models = model_sets.pop(cpu_dtype)
+        model_sets.clear()  # the other dtype's weights
         prims = cpu_primitives(cpu_models, ch, sizes, s)
         gpu = await gpu_microbenchmarks(rt, ch, mc.hidden_size, mc.q_size, mc.num_layers,
                                         sizes, s, ids)
@@ -527,7 +561,10 @@ async def run_profile(config: EngineConfig, s: ProfileSettings, out_dir: Path) -
         "max_num_batched_tokens": max(token_limit, config.block_size),
         "max_num_batched_tokens_rule": token_rule,
         "cpu_batch_limit": cpu_limit, "cpu_dtype": cpu_dtype,
-        "settings": dataclasses.asdict(s), "cpu_dtype_post_attention_s": dtypes,
+        "settings": dataclasses.asdict(s),
+        "cpu_dtype_post_attention_s": {name: {str(b): v for b, v in by_b.items()}
+                                       for name, by_b in dtypes.items()},
+        "cpu_dtype_bf16_over_fp32": dtype_ratio,
         "components": {str(b): v for b, v in comps.items()},
         "route_scores": {str(b): v for b, v in scores.items()},
         "appendix_b": {

@@ -482,6 +482,28 @@ def bf16_models(hf_checkpoint, monkeypatch_module):
     return cfg, native, plain, exact
 
 
+def _watch_stages(monkeypatch, stages, count, refuse, why: str) -> list[tuple[str, int]]:
+    """Patch NativeStages ``stages``: the methods named in ``count`` run as before and log
+    (name, rows) to the list returned; those in ``refuse`` fail the test with ``why``."""
+    calls: list[tuple[str, int]] = []
+    for name in count:
+        stage = getattr(stages, name)
+
+        def counted(*a, stage=stage, name=name):
+            rows_in = a[0] if name == "final" else a[1]
+            calls.append((name, rows_in.shape[0]))
+            return stage(*a)
+
+        monkeypatch.setattr(stages, name, counted)
+
+    def refused(*a, **k):
+        raise AssertionError(why)
+
+    for name in refuse:
+        monkeypatch.setattr(stages, name, refused)
+    return calls
+
+
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).abs().max() / (b.float().abs().max() + 1e-6)).item()
 
@@ -582,22 +604,9 @@ def test_mixed_rows_past_decode_size_take_the_native_stages_a_slice_at_a_time(
         torch.bfloat16)  # what this CPU does unpatched
     monkeypatch.setattr(native.native, "slices_rows", True)
     monkeypatch.setattr(native.native, "gemm_isa", None)
-    calls: list[tuple[str, int]] = []
-    for name in ("pre", "post", "final"):
-        stage = getattr(native.native, name)
-
-        def counted(*a, stage=stage, name=name):
-            rows_in = a[1] if name != "final" else a[0]
-            calls.append((name, rows_in.shape[0]))
-            return stage(*a)
-
-        monkeypatch.setattr(native.native, name, counted)
-
-    def refuse(*a, **k):
-        raise AssertionError("a chunk stage (fp32 GEMMs) was called for a mixed model")
-
-    for name in ("pre_chunk", "post_chunk"):
-        monkeypatch.setattr(native.native, name, refuse)
+    calls = _watch_stages(monkeypatch, native.native, ("pre", "post", "final"),
+                          ("pre_chunk", "post_chunk"),
+                          "a chunk stage (fp32 GEMMs) was called for a mixed model")
     g = torch.Generator().manual_seed(6)
     hidden = torch.randn(rows, cfg.hidden_size, generator=g).bfloat16()
     attn = torch.randn(rows, cfg.q_size, generator=g).bfloat16()
@@ -651,21 +660,8 @@ def test_mixed_rows_past_decode_size_take_the_gemm_stages_where_torch_lacks_the_
     fp32 = native_stages.NativeStages(cfg, wide, native.rope.cos, native.rope.sin)
     assert not fp32.mixed
     monkeypatch.setattr(fp32, "gemm_isa", isa)
-    calls: list[str] = []
-    for name in ("pre_chunk", "post_chunk", "final"):
-        stage = getattr(native.native, name)
-
-        def counted(*a, stage=stage, name=name):
-            calls.append(name)
-            return stage(*a)
-
-        monkeypatch.setattr(native.native, name, counted)
-
-    def refuse(*a, **k):
-        raise AssertionError("a decode-sized stage ran a mixed model's chunk")
-
-    for name in ("pre", "post"):
-        monkeypatch.setattr(native.native, name, refuse)
+    calls = _watch_stages(monkeypatch, native.native, ("pre_chunk", "post_chunk", "final"),
+                          ("pre", "post"), "a decode-sized stage ran a mixed model's chunk")
     layer = cfg.num_layers - 1
     g = torch.Generator().manual_seed(8)
     hidden = torch.randn(rows, cfg.hidden_size, generator=g).bfloat16()
@@ -677,18 +673,19 @@ def test_mixed_rows_past_decode_size_take_the_gemm_stages_where_torch_lacks_the_
     q_n = native.pre_attention(layer, hidden, batch, kv_n)
     q_w = fp32.pre_chunk(layer, hidden.float(), batch.positions, batch.slot_mapping, kv_w.k[layer],
                          kv_w.v[layer])
-    assert calls == ["pre_chunk"]
+    assert calls == [("pre_chunk", rows)]
     assert q_n.dtype == torch.bfloat16 and torch.equal(q_n, q_w.bfloat16())
     assert torch.equal(kv_n.k[layer], kv_w.k[layer].bfloat16())
     assert torch.equal(kv_n.v[layer], kv_w.v[layer].bfloat16())
     calls.clear()
     h_n = native.post_attention(layer, hidden, attn)
-    assert calls == ["post_chunk"]
+    assert calls == [("post_chunk", rows)]
     assert h_n.dtype == torch.bfloat16
     assert torch.equal(h_n, fp32.post_chunk(layer, hidden.float(), attn.float()).bfloat16())
     calls.clear()
     native.post_layer(hidden)
-    assert calls == ["final"] * len(range(0, rows, NATIVE_MAX_ROWS))
+    assert calls == [("final", min(NATIVE_MAX_ROWS, rows - r))
+                     for r in range(0, rows, NATIVE_MAX_ROWS)]
 
 
 def test_a_mixed_model_takes_the_cext_gemm_only_where_torch_lacks_the_arithmetic(

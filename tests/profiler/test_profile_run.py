@@ -166,6 +166,38 @@ def test_cpu_primitives_time_every_batch_size_in_each_round():
     assert all(t > 0 for v in out.values() for t in v.values())
 
 
+def test_the_cpu_dtype_is_the_faster_over_every_batch_size():
+    """The geometric mean of t_p(bf16) / t_p(fp32) over the batch sizes decides: bf16 below
+    1, fp32 at 1 or above; the largest batch alone does not."""
+    def t_p(ratios):
+        return {"float32": {b: 1e-3 * b for b in ratios},
+                "bfloat16": {b: 1e-3 * b * r for b, r in ratios.items()}}
+
+    dtype, g = run_mod.choose_cpu_dtype(t_p({1: 0.7, 8: 0.8, 256: 1.02}))
+    assert dtype == "bfloat16" and g == pytest.approx((0.7 * 0.8 * 1.02) ** (1 / 3))
+    assert run_mod.choose_cpu_dtype(t_p({1: 0.5, 256: 2.0})) == ("float32", pytest.approx(1.0))
+    assert run_mod.choose_cpu_dtype(t_p({1: 1.1, 4: 1.05, 256: 0.9}))[0] == "float32"
+    assert run_mod.choose_cpu_dtype(t_p({1: 0.99}))[0] == "bfloat16"
+
+
+def test_both_dtypes_post_attention_is_timed_in_the_same_rounds():
+    """Every (batch, dtype) of the CPU-dtype choice is one case of the same rounds, so a slow
+    spell of the host cannot land on one dtype's repeats alone."""
+    log: list[tuple[str, int]] = []
+    ch = SimpleNamespace(buf={"hidden_in": torch.zeros(8, 8), "attn_in": torch.zeros(8, 4),
+                              "hidden_out": torch.zeros(8, 8)}, _write_sampling=lambda rows: None)
+    fp32, bf16 = _FakeRankModel(log), _FakeRankModel(log)
+    bf16.dtype = torch.bfloat16
+    bf16.post_attention = lambda layer, h, a: log.append(("bf16", h.shape[0])) or h
+    s = ProfileSettings(warmup=1, repeats=2, iters=1)
+    out = run_mod.post_attention_by_dtype({"float32": [fp32], "bfloat16": [bf16]}, ch, [2, 4],
+                                          s)
+    one = [("t_p", 2), ("bf16", 2), ("t_p", 4), ("bf16", 4)]
+    assert log == one * 3  # the warm-ups, then round 1, then round 2
+    assert set(out) == {"float32", "bfloat16"}
+    assert all(set(v) == {2, 4} and all(t > 0 for t in v.values()) for v in out.values())
+
+
 def test_post_attention_takes_the_layers_in_turn():
     """A serving step reads every layer's weights once; one layer timed over and over
     would read its weights from the cache. Each batch size's t_p walks the layers."""
