@@ -78,7 +78,8 @@ int dp_gemm(const float *x, int M, int K, const void *w, int w_dtype, int N,
     /* the claims count tiles: unit u of the shares is tile u (dp_claim_rows hands out
      * multiples of DP_UNIT_ROWS "rows") */
     dp_share sh[nt];
-    gemm_job j = {x, M, K, (const char *)w, w_dtype, N, bias, add, out, mb, mr, nr, (N + nr - 1) / nr, fn, xp, sh};
+    gemm_job j = {x, M, K, (const char *)w, w_dtype, N, bias, add, out, mb, mr, nr,
+                  (N + nr - 1) / nr, fn, xp, sh};
     dp_team_run(nt, gemm_task, &j);
     return 0;
 }

@@ -65,7 +65,8 @@ static inline __attribute__((always_inline)) void gemm_widen_w(const char *w, in
     const int esz = dp_elem_size(wdt);
     for (int j = 0; j < nr; j++) {
         const char *src = w + (int64_t)j * ldw * esz;
-        for (int k = 0; k < kc; k += VW) vstoreu(wt + (int64_t)j * kc + k, vload_w(src + (int64_t)k * esz, wdt));
+        for (int k = 0; k < kc; k += VW)
+            vstoreu(wt + (int64_t)j * kc + k, vload_w(src + (int64_t)k * esz, wdt));
     }
 }
 
