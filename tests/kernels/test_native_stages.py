@@ -504,6 +504,18 @@ def _watch_stages(monkeypatch, stages, count, refuse, why: str) -> list[tuple[st
     return calls
 
 
+def _bf16_rows(cfg, rows: int, seed: int):
+    """(hidden, attn) bf16 rows, the KV blocks they need with room to spare, and a batch of
+    random positions and distinct slots in those blocks."""
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(rows, cfg.hidden_size, generator=g).bfloat16()
+    attn = torch.randn(rows, cfg.q_size, generator=g).bfloat16()
+    blocks = -(-rows // 16) + 2
+    batch = type("B", (), {"positions": torch.randint(0, 500, (rows,), generator=g),
+                           "slot_mapping": torch.randperm(blocks * 16, generator=g)[:rows]})
+    return hidden, attn, blocks, batch
+
+
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).abs().max() / (b.float().abs().max() + 1e-6)).item()
 
@@ -607,12 +619,7 @@ def test_mixed_rows_past_decode_size_take_the_native_stages_a_slice_at_a_time(
     calls = _watch_stages(monkeypatch, native.native, ("pre", "post", "final"),
                           ("pre_chunk", "post_chunk"),
                           "a chunk stage (fp32 GEMMs) was called for a mixed model")
-    g = torch.Generator().manual_seed(6)
-    hidden = torch.randn(rows, cfg.hidden_size, generator=g).bfloat16()
-    attn = torch.randn(rows, cfg.q_size, generator=g).bfloat16()
-    blocks = -(-rows // 16) + 2
-    batch = type("B", (), {"positions": torch.randint(0, 500, (rows,), generator=g),
-                           "slot_mapping": torch.randperm(blocks * 16, generator=g)[:rows]})
+    hidden, attn, blocks, batch = _bf16_rows(cfg, rows, seed=6)
     slices = [min(NATIVE_MAX_ROWS, rows - r) for r in range(0, rows, NATIVE_MAX_ROWS)]
     kv_n, kv_s, kv_t = (_kv(cfg, torch.bfloat16, blocks=blocks) for _ in range(3))
     q_n = native.pre_attention(1, hidden, batch, kv_n)
@@ -663,12 +670,7 @@ def test_mixed_rows_past_decode_size_take_the_gemm_stages_where_torch_lacks_the_
     calls = _watch_stages(monkeypatch, native.native, ("pre_chunk", "post_chunk", "final"),
                           ("pre", "post"), "a decode-sized stage ran a mixed model's chunk")
     layer = cfg.num_layers - 1
-    g = torch.Generator().manual_seed(8)
-    hidden = torch.randn(rows, cfg.hidden_size, generator=g).bfloat16()
-    attn = torch.randn(rows, cfg.q_size, generator=g).bfloat16()
-    blocks = -(-rows // 16) + 2
-    batch = type("B", (), {"positions": torch.randint(0, 500, (rows,), generator=g),
-                           "slot_mapping": torch.randperm(blocks * 16, generator=g)[:rows]})
+    hidden, attn, blocks, batch = _bf16_rows(cfg, rows, seed=8)
     kv_n, kv_w = _kv(cfg, torch.bfloat16, blocks=blocks), _kv(cfg, torch.float32, blocks=blocks)
     q_n = native.pre_attention(layer, hidden, batch, kv_n)
     q_w = fp32.pre_chunk(layer, hidden.float(), batch.positions, batch.slot_mapping, kv_w.k[layer],
