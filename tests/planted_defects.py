@@ -830,6 +830,12 @@ PLANTS = [
           "             for name, models in model_sets.items() for b in sizes}",
           ("tests/profiler/test_profile_run.py::"
            "test_both_dtypes_post_attention_is_timed_in_the_same_rounds",)),
+    Plant("mixed-head-slices", "a bf16 model's head past 128 rows slices though the GEMM "
+          "has its weights", "dualpace/model/stages.py",
+          "            chunk = self.native.final_chunk if self.native.mixed else None",
+          "            chunk = None",
+          ("tests/kernels/test_native_stages.py::"
+           "test_mixed_rows_past_decode_size_take_the_gemm_stages_where_torch_lacks_the_arithmetic",)),
     Plant("mixed-leaks-fp32", "a bf16 model's native stages hand fp32 to the next stage",
           "dualpace/model/native_stages.py",
           "        return t.to(self.act_dtype) if self.mixed else t", "        return t",
@@ -1503,8 +1509,9 @@ PLANTS = [
           ("tests/kernels/test_native_stages.py",)),
     Plant("head-rows-torch", "a sliced model's head over many rows stays torch's",
           "dualpace/model/stages.py",
-          "self.native.final, None,\n                                      self.native.final_rows)",
-          "self.native.final, None,\n                                      None)",
+          "self.native.final, chunk,\n"
+          "                                      self.native.final_rows)",
+          "self.native.final, chunk,\n                                      None)",
           ("tests/kernels/test_native_stages.py",)),
     Plant("mixed-chunks-always-sliced", "a mixed model slices its chunks on every CPU",
           "dualpace/model/stages.py",

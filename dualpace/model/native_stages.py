@@ -44,10 +44,10 @@ the 2-core Zen 3 VM its bf16 linear ran 15-21 GFLOP/s on two threads, an eighth 
 GEMM), so no stage over more than NATIVE_MAX_ROWS rows goes there: pre and post (prefill
 chunks, decode batches past 128 rows) take the chunk stages on the cext GEMM, which widens
 W a tile at a time (cext/gemm_body.h) and runs at the fp32 GEMM's pace (0.90-1.10x its
-time on the same weights in fp32), and the head over as many sampling rows, which has no
-chunk stage, runs the decode-sized one NATIVE_MAX_ROWS rows a call (``final_rows``); on a
-path without the cext GEMM (scalar, or $DUALPACE_PREFILL_GEMM=torch) pre and post slice
-the same way (``pre_rows``, ``post_rows``). Measured there (bench/mixed_precision_steps.py,
+time on the same weights in fp32), and so does the head over as many sampling rows
+(``final_chunk``); on a path without the cext GEMM (scalar, or
+$DUALPACE_PREFILL_GEMM=torch) they run the decode-sized stages NATIVE_MAX_ROWS rows a
+call (``pre_rows``, ``post_rows``, ``final_rows``). Measured there (bench/mixed_precision_steps.py,
 demo model in bf16, two threads, the workers' OpenMP spin), a 512-token prefill took 1361
 ms through torch, 225 sliced and 186 on the GEMM (fp32: 178), a 200-row decode step over
 128 tokens of context 566, 97 and 87 ms (fp32: 92). Without this a bf16 model
@@ -338,6 +338,14 @@ class NativeStages:
         n = NATIVE_MAX_ROWS
         return torch.cat([self.post(i, hidden[r:r + n], attn[r:r + n])
                           for r in range(0, hidden.shape[0], n)])
+
+    def final_chunk(self, hidden_rows: torch.Tensor) -> torch.Tensor:
+        """``final`` for more than NATIVE_MAX_ROWS rows of a ``mixed`` model on the cext GEMM
+        (``gemm_isa``): the RMSNorm (C), then the LM head as one GEMM -> fp32 logits [T, V].
+        An fp32 model's head of as many rows is the torch stage's, whose linear is this
+        GEMM where ``gemm_isa`` says so (stages.default_linear)."""
+        x = self._norm_rows(self._in(hidden_rows), _ptr(self.ffi, self.final_norm))
+        return self._project(x, self.lm_head)
 
     def final_rows(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """``final`` over any number of rows, NATIVE_MAX_ROWS a call."""

@@ -262,8 +262,11 @@ class StagedModel:
 
     def post_layer(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head on the sampling rows; logits in fp32."""
-        if self.native is not None:  # more rows than decode-sized: no chunk head, torch's
-            head = self._native_stage(hidden_rows.shape[0], self.native.final, None,
+        if self.native is not None:
+            # more rows than decode-sized: an fp32 model's head is torch's below (its linear
+            # the cext GEMM where that is the faster), a mixed model's the chunk head
+            chunk = self.native.final_chunk if self.native.mixed else None
+            head = self._native_stage(hidden_rows.shape[0], self.native.final, chunk,
                                       self.native.final_rows)
             if head is not None:
                 return head(hidden_rows)

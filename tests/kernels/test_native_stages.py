@@ -490,7 +490,7 @@ def _watch_stages(monkeypatch, stages, count, refuse, why: str) -> list[tuple[st
         stage = getattr(stages, name)
 
         def counted(*a, stage=stage, name=name):
-            rows_in = a[0] if name == "final" else a[1]
+            rows_in = a[0] if name.startswith("final") else a[1]
             calls.append((name, rows_in.shape[0]))
             return stage(*a)
 
@@ -650,8 +650,8 @@ def test_mixed_rows_past_decode_size_take_the_gemm_stages_where_torch_lacks_the_
     bf16 model's pre and post stages over more than NATIVE_MAX_ROWS rows are the chunk
     stages, to the bit what the fp32 chunk stages give on the bf16 weights widened, with
     the model's bf16 boundaries (inputs and outputs rounded, KV stored in bf16): the GEMM
-    widens W exactly and sums in fp32 as on fp32 W. No decode-sized stage runs for them;
-    the head over as many rows still slices (there is no chunk head)."""
+    widens W exactly and sums in fp32 as on fp32 W; the head over as many rows too
+    (``final_chunk``, fp32 logits). No decode-sized stage runs for them."""
     isa = gemm_path
     cfg, native, _, _ = bf16_models
     monkeypatch.setattr(native.native, "slices_rows", True)
@@ -667,8 +667,9 @@ def test_mixed_rows_past_decode_size_take_the_gemm_stages_where_torch_lacks_the_
     fp32 = native_stages.NativeStages(cfg, wide, native.rope.cos, native.rope.sin)
     assert not fp32.mixed
     monkeypatch.setattr(fp32, "gemm_isa", isa)
-    calls = _watch_stages(monkeypatch, native.native, ("pre_chunk", "post_chunk", "final"),
-                          ("pre", "post"), "a decode-sized stage ran a mixed model's chunk")
+    calls = _watch_stages(monkeypatch, native.native, ("pre_chunk", "post_chunk", "final_chunk"),
+                          ("pre", "post", "final", "final_rows"),
+                          "a decode-sized stage ran a mixed model's chunk")
     layer = cfg.num_layers - 1
     hidden, attn, blocks, batch = _bf16_rows(cfg, rows, seed=8)
     kv_n, kv_w = _kv(cfg, torch.bfloat16, blocks=blocks), _kv(cfg, torch.float32, blocks=blocks)
@@ -685,9 +686,9 @@ def test_mixed_rows_past_decode_size_take_the_gemm_stages_where_torch_lacks_the_
     assert h_n.dtype == torch.bfloat16
     assert torch.equal(h_n, fp32.post_chunk(layer, hidden.float(), attn.float()).bfloat16())
     calls.clear()
-    native.post_layer(hidden)
-    assert calls == [("final", min(NATIVE_MAX_ROWS, rows - r))
-                     for r in range(0, rows, NATIVE_MAX_ROWS)]
+    logits = native.post_layer(hidden)
+    assert calls == [("final_chunk", rows)]
+    assert logits.dtype == torch.float32 and torch.equal(logits, fp32.final_chunk(hidden.float()))
 
 
 def test_a_mixed_model_takes_the_cext_gemm_only_where_torch_lacks_the_arithmetic(
