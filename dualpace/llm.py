@@ -7,6 +7,7 @@ background thread runs the ServingEngine; ``generate`` blocks until every output
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -146,10 +147,8 @@ class LLM:
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
-    def __del__(self):
-        # best effort only; at interpreter exit the module's globals (contextlib) may already
-        # be None, so no name from them here
-        try:
+    def __del__(self, _suppress=contextlib.suppress):
+        # best effort only; at interpreter exit the module's globals may already be None,
+        # so suppress is bound here, when the class is defined
+        with _suppress(Exception):
             self.shutdown()
-        except Exception:
-            pass

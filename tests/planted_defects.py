@@ -797,7 +797,7 @@ PLANTS = [
            "test_mixed_rows_past_decode_size_take_the_gemm_stages_where_torch_lacks_the_arithmetic",)),
     Plant("llm-del-uses-module-globals", "LLM.__del__ leans on a module global, None at exit",
           "dualpace/llm.py",
-          "        try:\n            self.shutdown()\n        except Exception:\n            pass",
+          "        with _suppress(Exception):\n            self.shutdown()",
           "        with contextlib.suppress(Exception):\n            self.shutdown()",
           ("tests/engine/test_llm_api.py::"
            "test_a_collected_llm_says_nothing_at_interpreter_exit",)),
@@ -836,6 +836,17 @@ PLANTS = [
           "            chunk = None",
           ("tests/kernels/test_native_stages.py::"
            "test_mixed_rows_past_decode_size_take_the_gemm_stages_where_torch_lacks_the_arithmetic",)),
+    Plant("gemm-bench-libgomp-spin", "bench/prefill_gemm.py leaves libgomp's long spin",
+          "bench/prefill_gemm.py",
+          'os.environ.setdefault("GOMP_SPINCOUNT", "3000")',
+          'os.environ.setdefault("GOMP_SPINCOUNT_UNSET", "3000")',
+          ("tests/bench/test_prefill_gemm.py::"
+           "test_a_narrow_weight_dtype_reports_the_widening_against_fp32_and_the_sliced_linear",)),
+    Plant("mixed-bench-default-route", "bench/mixed_precision_steps.py names the sliced route "
+          "where the GEMM is taken", "bench/mixed_precision_steps.py",
+          '    return "gemm" if native.gemm_isa is not None else "sliced"',
+          '    return "sliced"',
+          ("tests/bench/test_mixed_precision_steps.py::test_both_steps_through_every_route",)),
     Plant("mixed-leaks-fp32", "a bf16 model's native stages hand fp32 to the next stage",
           "dualpace/model/native_stages.py",
           "        return t.to(self.act_dtype) if self.mixed else t", "        return t",
