@@ -1215,6 +1215,17 @@ PLANTS = [
           '"tokens": [round(t - r.arrival, 6) for t in r.token_times]',
           '"tokens": [round(t, 6) for t in r.token_times]',
           ("tests/sim/test_simulator.py::test_the_engine_logs_every_step_with_its_work",)),
+    Plant("delivery-first-token-pooled", "the simulator draws a request's first token from "
+          "the later tokens' table, as before the split", "dualpace/sim/delivery.py",
+          '        self.first_token = (_Table.of(section["first_token"]) if "first_token" in '
+          'section\n',
+          '        self.first_token = (self.token if "first_token" in section\n',
+          ("tests/sim/test_delivery.py",)),
+    Plant("delivery-fit-first-in-later", "the fit keeps each request's first token in the "
+          "later tokens' table too", "dualpace/sim/delivery.py",
+          "    later = np.concatenate([d[1:] for d in tok])",
+          "    later = np.concatenate([d for d in tok])",
+          ("tests/sim/test_delivery.py",)),
     Plant("delivery-pooled-only", "every policy is simulated with the delivery pooled over "
           "all three, so gpu-only draws gated's busier front end", "dualpace/sim/delivery.py",
           'own = (profile.get("delivery_by_policy") or {}).get(policy)', "own = None",

@@ -71,6 +71,42 @@ def test_fit_tabulates_delays_by_concurrency():
     assert adm["quantiles_ms"][0][-1] == pytest.approx(3.0)
 
 
+def test_fit_tabulates_the_first_token_apart():
+    # the first token of each request 1.5 ms late (its chunk opens the response), every later
+    # one 0.25 ms: two tables, each exactly its own value
+    recs, clis = [], []
+    for k in range(MIN_SAMPLES):
+        r, c = _request(10.0 * k, 10, 8, 0.01, 0.001, 0.00025)
+        c["ttft"] += 0.00125
+        c["itl"][0] -= 0.00125
+        recs.append(r)
+        clis.append(c)
+    fit = fit_delivery(recs, clis)
+    assert fit["first_token"]["concurrency_upper"] == [1]
+    assert np.allclose(fit["first_token"]["quantiles_ms"][0], 1.5)
+    assert np.allclose(fit["token"]["quantiles_ms"][0], 0.25)
+    # one-token requests: no later tokens, so the later table is the first one's
+    one = [_request(10.0 * k, 10, 1, 0.01, 0.001, 0.0005) for k in range(3)]
+    fit1 = fit_delivery([r for r, _ in one], [c for _, c in one])
+    assert fit1["token"] == fit1["first_token"]
+    assert np.allclose(fit1["token"]["quantiles_ms"][0], 0.5)
+
+
+def _const(ms: float) -> dict:
+    return {"concurrency_upper": [1], "quantiles_ms": [[ms] * len(LEVELS)]}
+
+
+def test_the_first_token_draws_from_its_own_table():
+    engine = [list(0.01 * np.arange(1, 6)), list(0.5 + 0.01 * np.arange(1, 4))]
+    d = Delivery({"admission": _const(1.0), "first_token": _const(4.0), "token": _const(1.0)})
+    for t, got in zip(engine, d.client_times(engine, [0.0, 0.5])):
+        assert (got - np.asarray(t)) * 1e3 == pytest.approx([4.0] + [1.0] * (len(t) - 1))
+    # a profile fitted before the split: the first token draws from the one table
+    old = Delivery({"admission": _const(1.0), "token": _const(2.0)})
+    got = old.client_times(engine[:1], [0.0])[0]
+    assert (got - np.asarray(engine[0])) * 1e3 == pytest.approx([2.0] * 5)
+
+
 def test_fit_without_any_match_says_so():
     r, c = _request(5.0, 10, 3, 0.01, 0.001, 0.0)
     with pytest.raises(ValueError, match="no client request matched"):
@@ -112,8 +148,7 @@ def test_a_malformed_table_is_refused():
 def test_simulated_client_times_carry_the_delays():
     # constant delays: admission 5 ms, every token 2 ms; one request alone: the engine's
     # timing is unchanged, the client's TTFT is later by both, its gaps unchanged
-    const = {"admission": {"concurrency_upper": [1], "quantiles_ms": [[5.0] * len(LEVELS)]},
-             "token": {"concurrency_upper": [1], "quantiles_ms": [[2.0] * len(LEVELS)]}}
+    const = {"admission": _const(5.0), "token": _const(2.0)}
     job = [Job([1] * 100, 4)]
     plain = simulate(_small_setup(), _Costs(), "dualpace", job, rate=1.0)
     late = simulate(_small_setup(), _Costs(), "dualpace", job, rate=1.0, delivery=const)
@@ -121,6 +156,12 @@ def test_simulated_client_times_carry_the_delays():
     assert late["mean_itl_ms"] == pytest.approx(plain["mean_itl_ms"])
     assert late["engine_p99_itl_ms"] == plain["engine_p99_itl_ms"]
     assert late["mean_e2el_ms"] == pytest.approx(plain["mean_e2el_ms"] + 7.0)
+    # the first token 3 ms late where the later ones are 2: the TTFT carries the 3, the
+    # last token still the 2
+    first = simulate(_small_setup(), _Costs(), "dualpace", job, rate=1.0,
+                     delivery=dict(const, first_token=_const(3.0)))
+    assert first["mean_ttft_ms"] == pytest.approx(plain["mean_ttft_ms"] + 8.0)
+    assert first["mean_e2el_ms"] == pytest.approx(plain["mean_e2el_ms"] + 7.0)
 
 
 def test_a_policy_is_simulated_with_its_own_delivery_where_the_profile_has_one():
