@@ -197,8 +197,6 @@ class Delivery:
         """Delays of a request's tokens in order, the first from ``first_token``."""
         conc = np.asarray(conc)
         u = self.rng.random(len(conc))
-        if len(conc) == 0:
-            return u
         return np.concatenate((self.first_token.draw(conc[:1], u[:1]),
                                self.token.draw(conc[1:], u[1:])))
 
