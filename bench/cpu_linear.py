@@ -3,7 +3,7 @@
     python bench/cpu_linear.py --json
 
 For each weight shape (default: the llama.cpp-comparison model's QKV, gate/up, down and LM
-head, and Llama-3-8B's gate/up) and row count M: the kernel's median time, the weight bytes
+head, and Llama-3-8B's gate/up and down) and row count M: the kernel's median time, the weight bytes
 it streams per second, that rate as a fraction of the DRAM read bandwidth measured in the
 same run with the same threads, the achieved GFLOP/s, and torch's F.linear on the same
 fp32 inputs. Every call reads a different copy of the weights (at least 256 MB of copies in
@@ -22,7 +22,7 @@ from common import dram_read_bandwidth, emit, median_time
 from dualpace.kernels import cpu
 
 SHAPES = {"qkv-512": (1536, 512), "gate_up-512": (2752, 512), "down-512": (512, 1376),
-          "lm_head-512": (32000, 512), "gate_up-8b": (28672, 4096)}
+          "lm_head-512": (32000, 512), "gate_up-8b": (28672, 4096), "down-8b": (4096, 14336)}
 
 
 def main() -> None:

@@ -38,13 +38,13 @@
 #define LIN_NR_FULL 4
 
 static inline __attribute__((always_inline)) void lin_tile(
-    const float *x, int K, int mr, const char *w, int wdt, int nr, const float *bias,
+    const float *x, int K, int kl, int mr, const char *w, int wdt, int nr, const float *bias,
     float *out, int N, int n0, const char *pf, int pf_j0, int pf_j1, const int seq,
-    const int NRT) {
+    const int NRT, VEC (*carry)[NR], int cin, int cout) {
     const int esz = dp_elem_size(wdt);
     VEC acc[MR][NR];
     for (int i = 0; i < MR; i++)
-        for (int j = 0; j < NR; j++) acc[i][j] = vzero();
+        for (int j = 0; j < NR; j++) acc[i][j] = cin ? carry[i][j] : vzero();
     if (seq) {
         /* The tile's W rows one after the other, each front to back: one sequential stream
          * per thread, which the hardware prefetchers follow on their own. The same
@@ -53,7 +53,7 @@ static inline __attribute__((always_inline)) void lin_tile(
         for (int j = 0; j < NRT; j++) {
             if (j >= nr) break;
             const char *wj = w + (int64_t)j * K * esz;
-            for (int k = 0; k < K; k += VW) {
+            for (int k = 0; k < kl; k += VW) {
                 const VEC wv = vload_w(wj + (int64_t)k * esz, wdt);
                 for (int i = 0; i < MR; i++) {
                     if (i >= mr) break;
@@ -62,7 +62,7 @@ static inline __attribute__((always_inline)) void lin_tile(
             }
         }
     } else {
-        for (int k = 0; k < K; k += VW) {
+        for (int k = 0; k < kl; k += VW) {
             /* the next tile's rows, one tile ahead: the DRAM stream stays in flight while
              * this tile computes (measured: the hardware prefetchers alone leave M = 4..16
              * at half the bandwidth), into L2 (dp_prefetch_dram) */
@@ -80,6 +80,12 @@ static inline __attribute__((always_inline)) void lin_tile(
             }
         }
     }
+    if (cout) {  /* a K block before the last: the sums go on in the next block */
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NR; j++)
+                if (i < mr && j < nr) carry[i][j] = acc[i][j];
+        return;
+    }
 #ifdef DP_TILE_SUMS
     if (mr * nr > 1) {  /* with the 1 x 1 tiles too, GCC's code for M >= 16 ran 0.85x */
         tile_sums(acc, mr, nr, bias ? bias + n0 : NULL, out + n0, N);
@@ -94,17 +100,60 @@ static inline __attribute__((always_inline)) void lin_tile(
 /* One interleaved tile of nr W rows (a constant at each call) with the row count mr as a
  * constant too. */
 static inline __attribute__((always_inline)) void lin_tile_mr(
-    const float *xp, int K, int mr, const char *wp, int wdt, const int nr, const float *bias,
-    float *op, int N, int n, const char *pf, int j0, int j1, const int NRT) {
+    const float *xp, int K, int kl, int mr, const char *wp, int wdt, const int nr,
+    const float *bias, float *op, int N, int n, const char *pf, int j0, int j1, const int NRT,
+    VEC (*carry)[NR], int cin, int cout) {
     switch (mr) {
 #define DP_LIN_MR(r) \
-    lin_tile(xp, K, r, wp, wdt, nr, bias, op, N, n, pf, j0, j1, 0, NRT); break;
+    lin_tile(xp, K, kl, r, wp, wdt, nr, bias, op, N, n, pf, j0, j1, 0, NRT, carry, cin, cout); \
+    break;
     case 4: DP_LIN_MR(4)
     case 3: DP_LIN_MR(3)
     case 2: DP_LIN_MR(2)
     default: DP_LIN_MR(1)
 #undef DP_LIN_MR
     }
+}
+
+/* K blocks and panels. A tile's passes over its W rows read them from L1 only while the
+ * rows fit it; at K = 4096 four fp32 rows are 64 KB, so every pass read W and x from L2.
+ * From more than one pass, a tile's W rows past LIN_W_BLOCK_FROM bytes are taken in K
+ * blocks of at most LIN_W_BLOCK bytes, each pass's accumulators carried from block to
+ * block in vectors (carry), so every output's sums run over k in the same order as
+ * unblocked, to the bit. And a tile reads all of x, M x K: past LIN_X_PANEL bytes (32 rows
+ * at K = 14336, Llama-3-8B's down projection) x no longer stays in L2 beside the streaming
+ * W, and every tile read it from L3; then a K block of x serves a panel of up to
+ * LIN_PANEL_MAX tiles (as many as LIN_CARRY carried tiles allow) before the next block.
+ * Measured on the 2-core Emerald Rapids VM (2 threads, W cycled past the L3, the variants
+ * alternated in one process, medians of 3 x 15 calls), fp32 W, as a fraction of the FMA
+ * peak, before -> after: AVX-512 N 4096 x K 4096 at 16 / 32 / 64 rows 1.26 / 1.23 / 1.16x,
+ * 1024 x 2752 1.16-1.25x, 4096 x 14336 at 32 / 64 / 128 rows 0.29 -> 0.45, 0.27 -> 0.46,
+ * 0.29 -> 0.40; AVX2 4096 x 14336 at 32 / 64 rows 0.49 -> 0.59, 0.43 -> 0.59, 1024 x 2752
+ * 1.04-1.14x, 4096 x 4096 1.05-1.1x; bf16 W at K = 4096 (32 KB a tile) level (0.93-1.10x).
+ * Blocked, the 22 KB tiles of K = 1376 (fp32) ran 0.91-0.97x (that core's L1 is 48 KB),
+ * hence the threshold above the block. At 4096 x 14336 blocks of 8 KB measured 0.93-1.0x
+ * of 16 KB and 32 KB 0.83-0.88x, panels of 4 tiles 0.93-1.0x of 8, and panels from 128 KB
+ * of x rather than 1 MB (16-64 rows at K = 4096) within the noise of these runs (+-10%). */
+#define LIN_W_BLOCK 16384
+#define LIN_W_BLOCK_FROM 24576
+#define LIN_X_PANEL (1 << 20)
+#define LIN_PANEL_MAX 8
+#define LIN_CARRY 64   /* tiles of carried accumulators: 64 KB of zmm, 32 KB of ymm */
+/* The K block of a tile's passes: K whole, or from more than one pass over W rows past
+ * LIN_W_BLOCK_FROM bytes, K split evenly into blocks of at most LIN_W_BLOCK bytes of the
+ * tile's rows, each a multiple of 32 elements (whole lines of fp32 and bf16). */
+static inline int lin_k_block(int M, int K, int esz, int NRT) {
+    const int64_t tile = (int64_t)NRT * K * esz;
+    if (M <= MR || tile <= LIN_W_BLOCK_FROM) return K;
+    const int nb = (int)((tile + LIN_W_BLOCK - 1) / LIN_W_BLOCK);
+    return ((K + nb - 1) / nb + 31) / 32 * 32;
+}
+/* Tiles of a panel: the carried tiles' room over a group's gp passes, from LIN_X_PANEL
+ * bytes of x. */
+static inline int lin_panel(int M, int K, int gp) {
+    if ((int64_t)M * K * (int64_t)sizeof(float) <= LIN_X_PANEL) return 1;
+    const int P = LIN_CARRY / gp;
+    return P > LIN_PANEL_MAX ? LIN_PANEL_MAX : (P < 1 ? 1 : P);
 }
 
 /* The row loop for one weight dtype: a constant wdt lets the compiler drop the dtype switch
@@ -124,41 +173,76 @@ static inline __attribute__((always_inline)) void lin_rows(
      * bf16 1.05-1.33) and 1.10-1.87x at M = 4, so from 2 rows it takes the interleaved
      * loop. */
     const int seq = M == 1 && (int64_t)K * esz <= 8192;
-    const int np = (M + MR - 1) / MR;  /* passes over each tile */
-    for (int n = n_lo; n < n_hi; n += NRT) {
-        const int nr = n_hi - n < NRT ? n_hi - n : NRT;
-        const char *wp = (const char *)w + (int64_t)n * K * esz;
-        for (int m = 0; m < M; m += MR) {
-            const int mr = M - m < MR ? M - m : MR;
-            const float *xp = x + (int64_t)m * K;
-            float *op = out + (int64_t)m * N;
-            /* The passes over this tile fetch the next tile (past this claim too: the
-             * thread's next claim is most often the next rows), each pass its share of the
-             * next tile's W rows, so the DRAM stream stays in flight through every pass
-             * (the later passes read this tile from L1 / L2). Fetched all by the first
-             * pass, the memory sat idle during the others: on a Zen 4 (2 threads, fp32) an
-             * 8-row step took the 4-row step's time plus the second pass's FMAs. */
-            const int p = m / MR;
-            const char *pf = n + 2 * NRT <= N ? wp + (int64_t)NRT * K * esz : NULL;
-            const int j0 = p * NRT / np, j1 = (p + 1) * NRT / np;
-            /* constant tile sizes let the compiler keep every accumulator in a register */
-            if (nr == NRT) {
-                if (seq)  /* one pass over the tile: W once, in order */
-                    lin_tile(xp, K, 1, wp, wdt, NRT, bias, op, N, n, NULL, 0, 0, 1, NRT);
-                else
-                    lin_tile_mr(xp, K, mr, wp, wdt, NRT, bias, op, N, n, pf, j0, j1, NRT);
-            } else if (!seq) {
-                /* a narrower tile at the end of a claim, on constant sizes too: a 3-wide
-                 * tile leaves 2 rows of every 32-row claim (dp_claim_rows), and in a tile
-                 * whose sizes are known only at run time they cost the comparison model's
-                 * QKV 1.3-1.8x */
-                switch (nr) {
-                case 3: lin_tile_mr(xp, K, mr, wp, wdt, 3, bias, op, N, n, NULL, 0, 0, NRT); break;
-                case 2: lin_tile_mr(xp, K, mr, wp, wdt, 2, bias, op, N, n, NULL, 0, 0, NRT); break;
-                default: lin_tile_mr(xp, K, mr, wp, wdt, 1, bias, op, N, n, NULL, 0, 0, NRT);
+    const int kc = lin_k_block(M, K, esz, NRT);
+    const int mg = kc < K && M > LIN_CARRY * MR ? LIN_CARRY * MR : M;
+    const int gp = (mg + MR - 1) / MR;   /* passes of a group */
+    const int P = kc < K ? lin_panel(M, K, gp) : 1;
+    VEC carry[LIN_CARRY][MR][NR];
+    const int np = (M + MR - 1) / MR;  /* passes over each tile and K block */
+    for (int n0 = n_lo; n0 < n_hi; n0 += P * NRT) {
+        const int n1 = n_hi - n0 < P * NRT ? n_hi : n0 + P * NRT;
+        for (int g = 0; g < M; g += mg) {
+            const int ge = M - g < mg ? M : g + mg;
+            for (int k0 = 0; k0 < K; k0 += kc) {
+                const int kl = K - k0 < kc ? K - k0 : kc;
+                const int cin = k0 > 0, cout = k0 + kl < K;
+                for (int n = n0; n < n1; n += NRT) {
+                    const int nr = n1 - n < NRT ? n1 - n : NRT;
+                    const char *wp = (const char *)w + (int64_t)n * K * esz;
+                    const char *wk = wp + (int64_t)k0 * esz;
+                    /* The passes over this tile fetch the W that comes next (past this
+                     * claim too: the thread's next claim is most often the next rows),
+                     * each pass its share of the rows, so the DRAM stream stays in
+                     * flight through every pass (the later passes read this tile from L1
+                     * / L2). Fetched all by the first pass, the memory sat idle during the
+                     * others: on a Zen 4 (2 threads, fp32) an 8-row step took the 4-row
+                     * step's time plus the second pass's FMAs. One tile: the next tile's
+                     * rows over this K block; a panel: this tile's next K block, after the
+                     * last the next panel's first. */
+                    const char *pf = NULL;
+                    if (P == 1) {
+                        if (n + 2 * NRT <= N) pf = wk + (int64_t)NRT * K * esz;
+                    } else if (cout) {
+                        pf = wk + (int64_t)kl * esz;
+                    } else if (n + P * NRT + NRT <= N) {
+                        pf = wp + (int64_t)P * NRT * K * esz;
+                    }
+                    for (int m = g; m < ge; m += MR) {
+                        const int mr = ge - m < MR ? ge - m : MR;
+                        const float *xp = x + (int64_t)m * K + k0;
+                        float *op = out + (int64_t)m * N;
+                        VEC (*cy)[NR] = kc < K ? carry[(n - n0) / NRT * gp + (m - g) / MR]
+                                               : NULL;
+                        const int p = m / MR;
+                        const int j0 = p * NRT / np, j1 = (p + 1) * NRT / np;
+                        /* constant tile sizes let the compiler keep every accumulator in a
+                         * register */
+                        if (nr == NRT) {
+                            if (seq)  /* one pass over the tile: W once, in order */
+                                lin_tile(xp, K, K, 1, wp, wdt, NRT, bias, op, N, n, NULL, 0, 0,
+                                         1, NRT, NULL, 0, 0);
+                            else
+                                lin_tile_mr(xp, K, kl, mr, wk, wdt, NRT, bias, op, N, n, pf,
+                                            j0, j1, NRT, cy, cin, cout);
+                        } else if (!seq) {
+                            /* a narrower tile at the end of a claim, on constant sizes too:
+                             * a 3-wide tile leaves 2 rows of every 32-row claim
+                             * (dp_claim_rows), and in a tile whose sizes are known only at
+                             * run time they cost the comparison model's QKV 1.3-1.8x */
+                            switch (nr) {
+#define DP_LIN_NR(c) lin_tile_mr(xp, K, kl, mr, wk, wdt, c, bias, op, N, n, NULL, 0, 0, NRT, \
+                                 cy, cin, cout)
+                            case 3: DP_LIN_NR(3); break;
+                            case 2: DP_LIN_NR(2); break;
+                            default: DP_LIN_NR(1);
+#undef DP_LIN_NR
+                            }
+                        } else {
+                            lin_tile(xp, K, K, mr, wp, wdt, nr, bias, op, N, n, NULL, 0, 0, seq,
+                                     NRT, NULL, 0, 0);
+                        }
+                    }
                 }
-            } else {
-                lin_tile(xp, K, mr, wp, wdt, nr, bias, op, N, n, NULL, 0, 0, seq, NRT);
             }
         }
     }
@@ -185,3 +269,8 @@ void LINEAR_FN(const float *x, int M, int K, const void *w, int wdt, int N,
 #undef NR
 #undef LIN_NR_DEEP
 #undef LIN_NR_FULL
+#undef LIN_CARRY
+#undef LIN_W_BLOCK
+#undef LIN_W_BLOCK_FROM
+#undef LIN_X_PANEL
+#undef LIN_PANEL_MAX

@@ -639,11 +639,19 @@ PLANTS = [
           ("tests/kernels/test_linear.py",)),
     Plant("linear-seq-order", "the few-rows loop of the decode linear sums a row's K chunks "
           "in another order than the interleaved loop", "cext/linear_body.h",
-          "            for (int k = 0; k < K; k += VW) {\n                const VEC wv = "
+          "            for (int k = 0; k < kl; k += VW) {\n                const VEC wv = "
           "vload_w(wj",
-          "            for (int k = K - VW; k >= 0; k -= VW) {\n                const VEC wv = "
+          "            for (int k = kl - VW; k >= 0; k -= VW) {\n                const VEC wv = "
           "vload_w(wj",
           ("tests/kernels/test_linear.py::test_row_results_do_not_depend_on_the_batch",)),
+    Plant("linear-k-block-restarts", "a K block of the decode linear after the first starts "
+          "its sums from zero, not from the carried ones", "cext/linear_body.h",
+          "acc[i][j] = cin ? carry[i][j] : vzero();", "acc[i][j] = vzero();",
+          ("tests/kernels/test_linear.py::test_linear_matches_torch",)),
+    Plant("linear-panel-shares-carry", "the tiles of a decode-linear panel carry their sums "
+          "in one another's slots", "cext/linear_body.h",
+          "carry[(n - n0) / NRT * gp + (m - g) / MR]", "carry[(m - g) / MR]",
+          ("tests/kernels/test_linear.py::test_linear_matches_torch",)),
     Plant("softmax-fold-short", "the softmax across a group's heads folds one lane step too "
           "few, so lanes of one head keep different maxima", "cext/attention_simd.h",
           "    for (int k = VW / 2; k >= G; k /= 2) v = vmax(v, vswap(v, k));",

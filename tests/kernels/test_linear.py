@@ -32,7 +32,8 @@ def test_linear_matches_torch(isa, w_dtype, threads, monkeypatch):
     monkeypatch.setattr(cpu_kernels, "_threads_override", threads)
     g = torch.Generator().manual_seed(threads)
     for M, N, K in [(1, 1, 16), (3, 7, 48), (4, 64, 512), (5, 13, 32), (9, 101, 80),
-                    (17, 40, 1376), (16, 48, 64), (33, 200, 96), (40, 16, 32)]:
+                    (17, 40, 1376), (16, 48, 64), (33, 200, 96), (40, 16, 32),
+                    (9, 21, 2752), (33, 70, 8192)]:  # K blocks (fp32); panels (1 MB of x)
         x = torch.randn(M, K, generator=g)
         w = torch.randn(N, K, generator=g).to(w_dtype)
         b = torch.randn(N, generator=g)
@@ -51,12 +52,15 @@ def test_linear_matches_torch(isa, w_dtype, threads, monkeypatch):
 @pytest.mark.parametrize("w_dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_row_results_do_not_depend_on_the_batch(isa, w_dtype, monkeypatch):
     """Up to 4 rows of x over short W rows the tiles read W row after row (the seq loop of
-    cext/linear_body.h), from 5 rows interleaved: the same accumulations in the same order,
-    so a row's output is bit for bit the same whichever loop, batch size or thread count
-    computed it (a decode row must not change with its batch)."""
+    cext/linear_body.h), from 5 rows interleaved, over K blocks with the sums carried from
+    block to block where a tile's W rows pass 24 KB, and in panels of tiles past 1 MB of x:
+    the same accumulations in the same order, so a row's output is bit for bit the same
+    whichever loop, batch size or thread count computed it (a decode row must not change
+    with its batch)."""
     g = torch.Generator().manual_seed(5)
-    for K in (512, 1376, 4096):  # seq up to 4 rows, up to 2 rows, never
-        x = torch.randn(8, K, generator=g)
+    # seq up to 4 rows, up to 2 rows, never; the last batch takes panels (40 x 8192 fp32)
+    for K, batch in ((512, 8), (1376, 8), (4096, 8), (8192, 40)):
+        x = torch.randn(batch, K, generator=g)
         w = torch.randn(70, K, generator=g).to(w_dtype)
         b = torch.randn(70, generator=g)
         monkeypatch.setattr(cpu_kernels, "_threads_override", 2)
