@@ -114,7 +114,7 @@ static inline int64_t dp_prefetch_distance(int h, int nh, int64_t head_bytes, in
  * alternated in one process, each call paired with a streaming read): decode attention
  * 1.14-1.88x (fp32 KV G 1-4 0.51-0.59 -> 0.89-1.08 of the read bandwidth, bf16 G 8 D 128
  * 0.55 -> 0.70), forced to AVX2 1.16-1.77x; the decode linear's tile-ahead prefetch 1.14-1.29x
- * at 4 and 8 rows of x (1 row reads sequentially and takes none); the streaming read that is
+ * at 4 and 8 rows of x (1 row then read sequentially and took none); the streaming read that is
  * the benches' roofline 5-15% faster. Not measured on an Intel core nor on Zen 5 (where the
  * L1 hint reached 0.83-1.0 at G 1), nor a distance further ahead: 8 and 16 KB read at
  * 0.96-1.09x of 4 KB with this hint, 32 KB up to 0.55x. */

@@ -14,14 +14,25 @@
  * rows took about the 4-row time plus the 8-row time with W hot in cache (gate/up: 139 + ~70 ->
  * ~180 us), 0.55-0.65 of the DRAM bandwidth against 0.8-0.9 at 4 rows. Tried there against
  * this loop (both builds in one process, calls interleaved) and dropped: an 8 x 2 tile on
- * AVX-512 (one pass at 8 rows: 1.0-1.09x at 8 rows, 0.6-0.9x at 16 and 32), the seq loop up
- * to 8 rows (0.85x), the prefetch into L2 (1.0x) or two tiles ahead (1.0x), and from 24
+ * AVX-512 (one pass at 8 rows: 1.0-1.09x at 8 rows, 0.6-0.9x at 16 and 32), the row-by-row
+ * loop (below) up to 8 rows (0.85x), the prefetch into L2 (1.0x) or two tiles ahead (1.0x), and from 24
  * rows of fp32 W the prefill GEMM's tile (gemm_body.h) on x packed per thread (0.55-0.8x at
  * 24-64 rows, 0.67-1.1x at 128). What did pay, once the prefetches went into L2: each pass
  * prefetches its share of the next tile's rows (lin_rows), so the memory stays busy while
  * the later passes compute; on a Zen 4 (2 threads, the 177 MB --past-llc bench model, the
  * two alternated in one process) 1.12x at 8 rows, 1.27x at 16, 1.14x at 32 with fp32 W,
- * 1.18x at 8 with bf16 W, level forced to AVX2 (FMA-bound there from 8 rows). */
+ * 1.18x at 8 with bf16 W, level forced to AVX2 (FMA-bound there from 8 rows).
+ *
+ * One row of x takes the same interleaved loop. Until 2026-12-08 a single row over W rows
+ * of up to 8 KB read them one after the other (a "seq" loop: one accumulator chain a row,
+ * no software prefetch, the hardware prefetchers following one stream), chosen on a Zen 5
+ * when the prefetches went into L1 (1.3-1.6x there then); with them into L2 a Zen 4 gave
+ * the interleaved loop 0.93-1.21x at one row. On the 2-core Emerald Rapids VM (2 threads,
+ * the two alternated in one process, medians of 3 x 15-31 calls) the interleaved loop ran
+ * one row of bf16 W from DRAM 1.6-1.97x as fast (Llama-3-8B's 28672 x 4096 gate/up 0.59 ->
+ * 0.98 of the read bandwidth on AVX-512, 0.49 -> 0.97 forced to AVX2), fp32 1.07-1.26x, and
+ * the llama.cpp comparison model's projections in the L3 1.0-1.45x (fp32) and 1.17-1.81x
+ * (bf16). Both loops summed each output in the same order, so no result changed. */
 #define MR 4
 #define NR 4  /* the widest tile; the array dimension of the accumulators */
 /* The tile's width (W rows) from LIN_NR_FULL rows of x on, where the tile is MR x-rows deep:
@@ -39,45 +50,27 @@
 
 static inline __attribute__((always_inline)) void lin_tile(
     const float *x, int K, int kl, int mr, const char *w, int wdt, int nr, const float *bias,
-    float *out, int N, int n0, const char *pf, int pf_j0, int pf_j1, const int seq,
-    const int NRT, VEC (*carry)[NR], int cin, int cout) {
+    float *out, int N, int n0, const char *pf, int pf_j0, int pf_j1, const int NRT,
+    VEC (*carry)[NR], int cin, int cout) {
     const int esz = dp_elem_size(wdt);
     VEC acc[MR][NR];
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < NR; j++) acc[i][j] = cin ? carry[i][j] : vzero();
-    if (seq) {
-        /* The tile's W rows one after the other, each front to back: one sequential stream
-         * per thread, which the hardware prefetchers follow on their own. The same
-         * accumulators in the same order as the interleaved loop below, so the same sums
-         * to the bit. */
-        for (int j = 0; j < NRT; j++) {
-            if (j >= nr) break;
-            const char *wj = w + (int64_t)j * K * esz;
-            for (int k = 0; k < kl; k += VW) {
-                const VEC wv = vload_w(wj + (int64_t)k * esz, wdt);
-                for (int i = 0; i < MR; i++) {
-                    if (i >= mr) break;
-                    acc[i][j] = vfma(vloadu(x + (int64_t)i * K + k), wv, acc[i][j]);
-                }
-            }
-        }
-    } else {
-        for (int k = 0; k < kl; k += VW) {
-            /* the next tile's rows, one tile ahead: the DRAM stream stays in flight while
-             * this tile computes (measured: the hardware prefetchers alone leave M = 4..16
-             * at half the bandwidth), into L2 (dp_prefetch_dram) */
-            if (pf && (k * esz) % 64 == 0)
-                for (int j = pf_j0; j < pf_j1; j++)
-                    dp_prefetch_dram(pf + ((int64_t)j * K + k) * esz);
-            VEC wv[NR];
+    for (int k = 0; k < kl; k += VW) {
+        /* the next tile's rows, one tile ahead: the DRAM stream stays in flight while
+         * this tile computes (measured: the hardware prefetchers alone leave M = 4..16
+         * at half the bandwidth), into L2 (dp_prefetch_dram) */
+        if (pf && (k * esz) % 64 == 0)
+            for (int j = pf_j0; j < pf_j1; j++)
+                dp_prefetch_dram(pf + ((int64_t)j * K + k) * esz);
+        VEC wv[NR];
+        for (int j = 0; j < NRT; j++)
+            wv[j] = j < nr ? vload_w(w + ((int64_t)j * K + k) * esz, wdt) : vzero();
+        for (int i = 0; i < MR; i++) {
+            if (i >= mr) break;
+            const VEC xv = vloadu(x + (int64_t)i * K + k);
             for (int j = 0; j < NRT; j++)
-                wv[j] = j < nr ? vload_w(w + ((int64_t)j * K + k) * esz, wdt) : vzero();
-            for (int i = 0; i < MR; i++) {
-                if (i >= mr) break;
-                const VEC xv = vloadu(x + (int64_t)i * K + k);
-                for (int j = 0; j < NRT; j++)
-                    if (j < nr) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
-            }
+                if (j < nr) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
         }
     }
     if (cout) {  /* a K block before the last: the sums go on in the next block */
@@ -105,7 +98,7 @@ static inline __attribute__((always_inline)) void lin_tile_mr(
     VEC (*carry)[NR], int cin, int cout) {
     switch (mr) {
 #define DP_LIN_MR(r) \
-    lin_tile(xp, K, kl, r, wp, wdt, nr, bias, op, N, n, pf, j0, j1, 0, NRT, carry, cin, cout); \
+    lin_tile(xp, K, kl, r, wp, wdt, nr, bias, op, N, n, pf, j0, j1, NRT, carry, cin, cout); \
     break;
     case 4: DP_LIN_MR(4)
     case 3: DP_LIN_MR(3)
@@ -162,17 +155,6 @@ static inline __attribute__((always_inline)) void lin_rows(
     const float *x, int M, int K, const void *w, const int wdt, int N, const float *bias,
     float *out, int n_lo, int n_hi, const int NRT) {
     const int esz = dp_elem_size(wdt);
-    /* One row of x over short W rows: each tile's W rows read one after the other (the
-     * seq loop of lin_tile). Measured on a Zen 5 at M = 1 and 2 on the llama.cpp comparison
-     * model's projections (K = 512 and 1376, rows of 2-5 KB in fp32): 1.3-1.6x the weight
-     * bytes a second of the interleaved loop when its prefetches went into L1; at K = 4096
-     * (16 KB rows, which the interleaved loop already streams well) and where x outgrows half
-     * the L1 it measured slower. With the prefetches into L2 (dp_prefetch_dram), on a Zen 4
-     * (2 threads, 256 MB of W cycled, the two loops alternated in one process) the
-     * interleaved loop read 0.93-1.21x as fast at M = 1, 0.99-1.33x at M = 2 (fp32 1.0-1.08,
-     * bf16 1.05-1.33) and 1.10-1.87x at M = 4, so from 2 rows it takes the interleaved
-     * loop. */
-    const int seq = M == 1 && (int64_t)K * esz <= 8192;
     const int kc = lin_k_block(M, K, esz, NRT);
     const int mg = kc < K && M > LIN_CARRY * MR ? LIN_CARRY * MR : M;
     const int gp = (mg + MR - 1) / MR;   /* passes of a group */
@@ -218,13 +200,9 @@ static inline __attribute__((always_inline)) void lin_rows(
                         /* constant tile sizes let the compiler keep every accumulator in a
                          * register */
                         if (nr == NRT) {
-                            if (seq)  /* one pass over the tile: W once, in order */
-                                lin_tile(xp, K, K, 1, wp, wdt, NRT, bias, op, N, n, NULL, 0, 0,
-                                         1, NRT, NULL, 0, 0);
-                            else
-                                lin_tile_mr(xp, K, kl, mr, wk, wdt, NRT, bias, op, N, n, pf,
-                                            j0, j1, NRT, cy, cin, cout);
-                        } else if (!seq) {
+                            lin_tile_mr(xp, K, kl, mr, wk, wdt, NRT, bias, op, N, n, pf, j0, j1,
+                                        NRT, cy, cin, cout);
+                        } else {
                             /* a narrower tile at the end of a claim, on constant sizes too:
                              * a 3-wide tile leaves 2 rows of every 32-row claim
                              * (dp_claim_rows), and in a tile whose sizes are known only at
@@ -237,9 +215,6 @@ static inline __attribute__((always_inline)) void lin_rows(
                             default: DP_LIN_NR(1);
 #undef DP_LIN_NR
                             }
-                        } else {
-                            lin_tile(xp, K, K, mr, wp, wdt, nr, bias, op, N, n, NULL, 0, 0, seq,
-                                     NRT, NULL, 0, 0);
                         }
                     }
                 }

@@ -637,13 +637,6 @@ PLANTS = [
     Plant("linear-drops-bias", "the decode linear ignores its bias", "cext/linear_body.h",
           "vreduce_add(acc[i][j]) + (bias ? bias[n0 + j] : 0.f)", "vreduce_add(acc[i][j])",
           ("tests/kernels/test_linear.py",)),
-    Plant("linear-seq-order", "the few-rows loop of the decode linear sums a row's K chunks "
-          "in another order than the interleaved loop", "cext/linear_body.h",
-          "            for (int k = 0; k < kl; k += VW) {\n                const VEC wv = "
-          "vload_w(wj",
-          "            for (int k = kl - VW; k >= 0; k -= VW) {\n                const VEC wv = "
-          "vload_w(wj",
-          ("tests/kernels/test_linear.py::test_row_results_do_not_depend_on_the_batch",)),
     Plant("linear-k-block-restarts", "a K block of the decode linear after the first starts "
           "its sums from zero, not from the carried ones", "cext/linear_body.h",
           "acc[i][j] = cin ? carry[i][j] : vzero();", "acc[i][j] = vzero();",

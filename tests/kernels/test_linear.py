@@ -51,14 +51,13 @@ def test_linear_matches_torch(isa, w_dtype, threads, monkeypatch):
 @pytest.mark.parametrize("isa", [i for i in ISAS if i != "amx"])
 @pytest.mark.parametrize("w_dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_row_results_do_not_depend_on_the_batch(isa, w_dtype, monkeypatch):
-    """Up to 4 rows of x over short W rows the tiles read W row after row (the seq loop of
-    cext/linear_body.h), from 5 rows interleaved, over K blocks with the sums carried from
-    block to block where a tile's W rows pass 24 KB, and in panels of tiles past 1 MB of x:
-    the same accumulations in the same order, so a row's output is bit for bit the same
-    whichever loop, batch size or thread count computed it (a decode row must not change
-    with its batch)."""
+    """Tiles 1-4 rows of x deep and 1-4 W rows wide (cext/linear_body.h), K blocks with the
+    sums carried from block to block where a tile's W rows pass 24 KB (from 5 rows of x),
+    and panels of tiles past 1 MB of x: the same accumulations in the same order, so a
+    row's output is bit for bit the same whichever tile, batch size or thread count
+    computed it (a decode row must not change with its batch)."""
     g = torch.Generator().manual_seed(5)
-    # seq up to 4 rows, up to 2 rows, never; the last batch takes panels (40 x 8192 fp32)
+    # tiles of 2-4 KB, 5.5 KB and 16 KB of W rows; the last batch takes panels (40 x 8192)
     for K, batch in ((512, 8), (1376, 8), (4096, 8), (8192, 40)):
         x = torch.randn(batch, K, generator=g)
         w = torch.randn(70, K, generator=g).to(w_dtype)
