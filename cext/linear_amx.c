@@ -17,7 +17,7 @@
  *
  * Past 32 rows of x a panel takes a pass over its W rows per 32 rows, the later ones from
  * L2, and they add to the first: on the 2-core Emerald Rapids VM (2 threads, 700 MB of W
- * cycled) Llama-3-8B's 28672 x 4096 gate/up took 9.1-9.4 ms at 32 rows, 13.2-14.1 at 64 and
+ * cycled) Llama-3-8B's 28672 x 4096 gate/up took 9.1-9.6 ms at 32 rows, 12.9-15.9 at 64 and
  * 21.7-25.2 at 128 (the DRAM read alone ~8.7). Tried there and dropped (2026-12-08, the
  * variants alternated in one process): the passes after the first prefetching the next
  * panel's rows into L2 (0.97-1.05x at K = 4096, 0.72-0.84x at K = 14336, whose 32-row panels
