@@ -637,6 +637,12 @@ PLANTS = [
     Plant("linear-drops-bias", "the decode linear ignores its bias", "cext/linear_body.h",
           "vreduce_add(acc[i][j]) + (bias ? bias[n0 + j] : 0.f)", "vreduce_add(acc[i][j])",
           ("tests/kernels/test_linear.py",)),
+    Plant("linear-blocks-reorder-sums", "the decode linear runs each K block back to front, "
+          "so a blocked batch sums a row in another order than the same row alone",
+          "cext/linear_body.h",
+          "    for (int k = 0; k < kl; k += VW) {\n        /* the next tile's rows",
+          "    for (int k = kl - VW; k >= 0; k -= VW) {\n        /* the next tile's rows",
+          ("tests/kernels/test_linear.py::test_row_results_do_not_depend_on_the_batch",)),
     Plant("linear-k-block-restarts", "a K block of the decode linear after the first starts "
           "its sums from zero, not from the carried ones", "cext/linear_body.h",
           "acc[i][j] = cin ? carry[i][j] : vzero();", "acc[i][j] = vzero();",
