@@ -187,6 +187,22 @@ static inline int dp_use_amx(int isa, int w_dtype, int M, int K) {
     return isa == DP_ISA_AMX && w_dtype == DP_BF16 && M >= DP_AMX_MIN_ROWS && K % 32 == 0;
 }
 
+/* Past 1 MiB of packed x the L2 no longer keeps it beside the streaming W, and a panel's
+ * passes read it from L3: there the AMX linear takes DP_AMX_GROUP_PANELS panels of 32 W rows
+ * at a time, in K blocks of DP_AMX_K_BLOCK, so that one block of x serves all of them
+ * (linear_amx.c). Up to DP_AMX_GROUP_MAX_ROWS rows of x: the carried tiles' room. On two
+ * Emerald Rapids cores, Llama-3-8B's down projection (K = 14336) ran 1.13-1.2x faster at 64
+ * rows and 1.5-1.6x at 128; the 128-row gate/up (K = 4096, 1 MiB of x) 0.9-0.95x, hence the
+ * bound; K = 5120 at 128 rows (1.25 MiB) 1.07-1.12x. */
+#define DP_AMX_GROUP_FROM (1 << 20)
+#define DP_AMX_GROUP_PANELS 4
+#define DP_AMX_GROUP_MAX_ROWS 128
+#define DP_AMX_K_BLOCK 1024
+static inline int dp_amx_grouped(int M, int K) {
+    return M <= DP_AMX_GROUP_MAX_ROWS
+        && (size_t)((M + 15) / 16) * (size_t)K * 32 > DP_AMX_GROUP_FROM;
+}
+
 /* The calling thread's kept scratch buffer (linear.c), valid until its next call. */
 void *dp_thread_scratch(size_t bytes);
 
@@ -243,8 +259,9 @@ static inline int dp_gemm_nr(int isa) {
     return isa == DP_ISA_AVX512 ? DP_GEMM_NR_AVX512 : DP_GEMM_NR_AVX2;
 }
 /* Rows [0, n) of a projection over the T threads of a region, in 16-row units: thread t
- * owns the t-th contiguous share and takes it from the front, DP_CLAIM_UNITS at a time;
- * a thread whose share is done takes the same amount from the back of another's. The
+ * owns the t-th contiguous share and takes it from the front, `units` at a time
+ * (DP_CLAIM_UNITS, or dp_project_units); a thread whose share is done takes the same
+ * amount from the back of another's. The
  * engine, the other tier and the clients share these cores, and a thread the kernel
  * preempts then leaves the rest of its share to the running one instead of holding the
  * barrier for it (single stream on 2 cores), while without preemption every thread still
@@ -253,6 +270,13 @@ static inline int dp_gemm_nr(int isa) {
  * nor on how many there are. One share's front and back are one 64-bit word (CAS). */
 #define DP_CLAIM_UNITS 2
 #define DP_UNIT_ROWS 16  /* a multiple of every ISA's lanes (the SiLU body's tail) */
+
+/* A projection's claim size in units: a group of panels where the AMX linear groups them
+ * (dp_amx_grouped; xp: dp_amx_prepare's answer), else DP_CLAIM_UNITS. */
+static inline int dp_project_units(const uint16_t *xp, int M, int K) {
+    return xp && dp_amx_grouped(M, K) ? 32 / DP_UNIT_ROWS * DP_AMX_GROUP_PANELS
+                                      : DP_CLAIM_UNITS;
+}
 
 typedef struct __attribute__((aligned(64))) { uint64_t front_back; } dp_share;  /* a line each */
 
@@ -265,12 +289,12 @@ static inline void dp_shares_init(dp_share *sh, int n, int T) {
 }
 
 /* Units [u, u + take) of share *s, from its front or its back; 0 if it is empty. */
-static inline int dp_share_take(dp_share *s, int from_back, int *u) {
+static inline int dp_share_take(dp_share *s, int from_back, int units, int *u) {
     uint64_t cur = __atomic_load_n(&s->front_back, __ATOMIC_RELAXED);
     for (;;) {
         const uint32_t f = (uint32_t)cur, b = (uint32_t)(cur >> 32);
         if (f >= b) return 0;
-        const uint32_t take = b - f < DP_CLAIM_UNITS ? b - f : DP_CLAIM_UNITS;
+        const uint32_t take = b - f < (uint32_t)units ? b - f : (uint32_t)units;
         const uint64_t next = from_back ? f | ((uint64_t)(b - take) << 32)
                                         : (f + take) | ((uint64_t)b << 32);
         if (__atomic_compare_exchange_n(&s->front_back, &cur, next, 1, __ATOMIC_RELAXED,
@@ -282,10 +306,11 @@ static inline int dp_share_take(dp_share *s, int from_back, int *u) {
 }
 
 /* This thread's next rows [lo, hi): its own share first, then the others' backs. */
-static inline int dp_claim_rows(dp_share *sh, int T, int self, int n, int *lo, int *hi) {
+static inline int dp_claim_rows(dp_share *sh, int T, int self, int n, int units, int *lo,
+                                int *hi) {
     for (int k = 0; k < T; k++) {
         int u;
-        const int take = dp_share_take(&sh[(self + k) % T], k > 0, &u);
+        const int take = dp_share_take(&sh[(self + k) % T], k > 0, units, &u);
         if (take) {
             *lo = u * DP_UNIT_ROWS;
             *hi = (u + take) * DP_UNIT_ROWS < n ? (u + take) * DP_UNIT_ROWS : n;

@@ -48,7 +48,8 @@ static void gemm_task(void *p, int t, int T) {
                         j->xp);
             if (t == 0) dp_shares_init(j->sh, tiles * DP_UNIT_ROWS, T);
             dp_team_barrier(T);
-            for (int lo, hi; dp_claim_rows(j->sh, T, t, tiles * DP_UNIT_ROWS, &lo, &hi);) {
+            for (int lo, hi;
+                 dp_claim_rows(j->sh, T, t, tiles * DP_UNIT_ROWS, DP_CLAIM_UNITS, &lo, &hi);) {
                 const int n_lo = lo / DP_UNIT_ROWS * nr;
                 const int n_hi = hi / DP_UNIT_ROWS * nr < N ? hi / DP_UNIT_ROWS * nr : N;
                 j->fn(j->xp, rows, kc, j->w + (int64_t)k0 * dp_elem_size(j->wdt), j->wdt,

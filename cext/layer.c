@@ -107,7 +107,8 @@ static void pre_task(void *p, int t, int nth) {
         rms_norm_row(j->hidden + (int64_t)r * H, j->w->input_norm, m->eps, H, j->x + (int64_t)r * H);
     dp_team_barrier(nth);
     const uint16_t *xp = dp_amx_prepare(j->buf, j->isa, m->w_dtype, j->x, T, H, t, nth);
-    for (int lo, hi; dp_claim_rows(j->sh, j->nt, t, j->N, &lo, &hi);)
+    const int units = dp_project_units(xp, T, H);
+    for (int lo, hi; dp_claim_rows(j->sh, j->nt, t, j->N, units, &lo, &hi);)
         dp_project(j->linear, xp, j->x, T, H, j->w->qkv, m->w_dtype, j->N, j->w->qkv_bias,
                    j->qkv, lo, hi);
     dp_team_barrier(nth);
@@ -211,7 +212,8 @@ static void post_task(void *p, int t, int nth) {
     float *o = j->o, *x = j->x, *gu = j->gu, *act = j->act, *hidden_out = j->hidden_out;
     const float *hidden = j->hidden;
     const uint16_t *xp = dp_amx_prepare(j->buf, j->isa, m->w_dtype, j->attn, T, Q, t, nth);
-    for (int lo, hi; dp_claim_rows(j->sh_o, j->nt, t, H, &lo, &hi);) {
+    int units = dp_project_units(xp, T, Q);
+    for (int lo, hi; dp_claim_rows(j->sh_o, j->nt, t, H, units, &lo, &hi);) {
         dp_project(j->f.linear, xp, j->attn, T, Q, w->o, m->w_dtype, H, w->o_bias, o, lo, hi);
         for (int r = 0; r < T; r++)
             for (int n = lo; n < hi; n++)
@@ -224,7 +226,8 @@ static void post_task(void *p, int t, int nth) {
     /* gate rows [lo, hi) and the matching up rows [I + lo, I + hi): this claim's slice
      * of the activation needs nothing another thread computes */
     xp = dp_amx_prepare(j->buf, j->isa, m->w_dtype, x, T, H, t, nth);
-    for (int lo, hi; dp_claim_rows(j->sh_gu, j->nt, t, I, &lo, &hi);) {
+    units = dp_project_units(xp, T, H);
+    for (int lo, hi; dp_claim_rows(j->sh_gu, j->nt, t, I, units, &lo, &hi);) {
         dp_project(j->f.linear, xp, x, T, H, w->gate_up, m->w_dtype, 2 * I, NULL, gu, lo, hi);
         dp_project(j->f.linear, xp, x, T, H, w->gate_up, m->w_dtype, 2 * I, NULL, gu, I + lo,
                    I + hi);
@@ -234,7 +237,8 @@ static void post_task(void *p, int t, int nth) {
     }
     dp_team_barrier(nth);
     xp = dp_amx_prepare(j->buf, j->isa, m->w_dtype, act, T, I, t, nth);
-    for (int lo, hi; dp_claim_rows(j->sh_down, j->nt, t, H, &lo, &hi);) {
+    units = dp_project_units(xp, T, I);
+    for (int lo, hi; dp_claim_rows(j->sh_down, j->nt, t, H, units, &lo, &hi);) {
         dp_project(j->f.linear, xp, act, T, I, w->down, m->w_dtype, H, NULL, o, lo, hi);
         for (int r = 0; r < T; r++)
             for (int n = lo; n < hi; n++)
@@ -275,7 +279,8 @@ static void norm_linear_task(void *p, int t, int nth) {
     dp_team_barrier(nth);
     const uint16_t *xp = dp_amx_prepare(j->buf, j->isa, j->w_dtype, j->scratch, j->T, j->K, t,
                                         nth);
-    for (int lo, hi; dp_claim_rows(j->sh, j->nt, t, j->N, &lo, &hi);)
+    const int units = dp_project_units(xp, j->T, j->K);
+    for (int lo, hi; dp_claim_rows(j->sh, j->nt, t, j->N, units, &lo, &hi);)
         dp_project(j->linear, xp, j->scratch, j->T, j->K, j->w, j->w_dtype, j->N, NULL, j->out,
                    lo, hi);
 }

@@ -10,7 +10,8 @@ typedef struct {
 static void linear_task(void *p, int t, int nth) {
     const linear_job *j = p;
     const uint16_t *xp = dp_amx_prepare(j->buf, j->isa, j->w_dtype, j->x, j->M, j->K, t, nth);
-    for (int lo, hi; dp_claim_rows(j->sh, j->nt, t, j->N, &lo, &hi);)
+    const int units = dp_project_units(xp, j->M, j->K);
+    for (int lo, hi; dp_claim_rows(j->sh, j->nt, t, j->N, units, &lo, &hi);)
         dp_project(j->fn, xp, j->x, j->M, j->K, j->w, j->w_dtype, j->N, j->bias, j->out, lo, hi);
 }
 
