@@ -16,21 +16,21 @@
  * ARCH_REQ_XCOMP_PERM; inherited across fork): dp_amx_enable makes it.
  *
  * Past 32 rows of x a panel (32 W rows) takes a pass over its W rows per 32 rows of x, the
- * later ones from L2. Past 1 MiB of packed x the L2 no longer keeps x beside W, and a thread
- * takes 4 panels at a time in K blocks (amx_grouped, dp_amx_grouped), the tiles carried
- * through memory exactly. On the 2-core Emerald Rapids VM (2 threads, W cycled from DRAM,
- * old and new builds alternated; 2026-12-08) the grouping took Llama-3-8B's 4096 x 14336 down
- * projection from 13.3 to 7.8-8.3 ms at 128 rows and from 7.2 to 5.4-5.5 at 64; a C tile's
- * gathered write-out (amx_tiles) and x's gathered pack (dp_amx_pack_x) the 28672 x 4096
- * gate/up from 22.7 to 14.8-16.2 ms at 128 rows and 13.8 to 10.0-10.3 at 64 (the DRAM read
- * alone ~7.3; torch's oneDNN AMX GEMM took 22.2 and 14.8-15.2). What remains there is the
- * first pass of each panel, from DRAM, and the later ones, from L2, adding up rather than
- * overlapping: a 16 x 16 x 32 product takes 4 ns on this core (4 TFLOP/s), a k step's four
- * 1 KB tiles from L2 ~27 ns for the four products. Tried and dropped on that VM, the
- * variants alternated in one process: the passes after the first prefetching the next
- * panel's rows into L2 (0.97-1.05x, and again with the gathered write-out: 1.0x), every pass
- * prefetching its own rows PF_BYTES ahead into L1 (0.88-1.09x), the next k step's x and W
- * tiles prefetched into L1 (0.8-1.0x), and a K block of W repacked into contiguous 1 KB
+ * later ones from L2, in K blocks (amx_panels), the tiles carried through memory exactly. Past
+ * 1 MiB of packed x the L2 no longer keeps x beside W, and a thread takes 4 panels at a time
+ * (dp_amx_grouped), so that a K block of x serves all of them. On the 2-core Emerald Rapids VM
+ * (2 threads, W cycled from DRAM, old and new builds alternated; 2026-12-08) the grouping took
+ * Llama-3-8B's 4096 x 14336 down projection from 13.3 to 7.8-8.3 ms at 128 rows and from 7.2
+ * to 5.4-5.5 at 64; a C tile's gathered write-out (amx_tiles) and x's gathered pack
+ * (dp_amx_pack_x) the 28672 x 4096 gate/up from 22.7 to 14.8-16.2 ms at 128 rows and 13.8 to
+ * 10.0-10.3 at 64 (the DRAM read alone ~7.3; torch's oneDNN AMX GEMM took 22.2 and 14.8-15.2).
+ * What remains there is the first pass of each panel, from DRAM, and the later ones, from L2,
+ * adding up rather than overlapping: a 16 x 16 x 32 product takes 4 ns on this core (4
+ * TFLOP/s), a k step's four 1 KB tiles from L2 ~27 ns for the four products. Tried and dropped
+ * on that VM, the variants alternated in one process: the passes after the first prefetching
+ * the next panel's rows into L2 (0.97-1.05x, and again with the gathered write-out: 1.0x),
+ * every pass prefetching its own rows PF_BYTES ahead into L1 (0.88-1.09x), the next k step's x
+ * and W tiles prefetched into L1 (0.8-1.0x), and a K block of W repacked into contiguous 1 KB
  * tiles so that its 16 rows, 8 KB apart, no longer share one L1 set (0.9-1.0x). */
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")
 #include <immintrin.h>
@@ -180,23 +180,30 @@ static inline void amx_pair(const uint16_t *xp, int M, int K, const uint16_t *w,
         amx_tiles(xp, M, K, w, n, 1, b, 1, k0, k1, cb, first, last, bias, out, N, prefetch);
 }
 
-#define GROUP_PAIRS (DP_AMX_GROUP_MAX_ROWS / 32)  /* pairs of 16-row x blocks a group carries */
+#define CARRIES (DP_AMX_GROUP_PANELS * DP_AMX_GROUP_MAX_ROWS / 32)  /* tile sets cb holds */
+#define K_BLOCK_ALONE 512  /* a lone panel's K block */
 
-/* W rows [n_lo, n_hi) (whole 16s) a group of DP_AMX_GROUP_PANELS panels at a time, in K blocks
- * of DP_AMX_K_BLOCK: one block of x, read from L2, serves every panel of the group before the
- * next (dp_amx_grouped), each panel's tiles carried in cb from block to block. */
-static void amx_grouped(const uint16_t *xp, int M, int K, const uint16_t *w, int N,
-                        const float *bias, float *out, int n_lo, int n_hi) {
-    float cb[DP_AMX_GROUP_PANELS * GROUP_PAIRS][1024] __attribute__((aligned(64)));
-    const int span = 32 * DP_AMX_GROUP_PANELS, blocks = (M + 15) / 16;
+/* W rows [n_lo, n_hi) (whole 16s), `group` panels of 32 rows at a time in K blocks of kb:
+ * every pair of x blocks of each panel of the group over one K block before the next, each
+ * (panel, pair)'s tiles carried in cb from block to block (group * pairs <= CARRIES, or kb
+ * = K). Grouped panels (dp_amx_grouped) share a block of x read from L2; a lone panel's K
+ * blocks take its first pair's pass, the one that reads W from DRAM and prefetches it, a
+ * block at a time between the other pairs' passes over the block (which read it from L2):
+ * Llama-3-8B's gate/up and QKV ran 1.05-1.07x faster at 64 and 128 rows on two Emerald
+ * Rapids cores than with whole-K passes, and W prefetched 1-2 KB ahead instead of 512 bytes
+ * 0.9-0.97x. */
+static void amx_panels(const uint16_t *xp, int M, int K, const uint16_t *w, int N,
+                       const float *bias, float *out, int n_lo, int n_hi, int group, int kb) {
+    float cb[CARRIES][1024] __attribute__((aligned(64)));
+    const int span = 32 * group, blocks = (M + 15) / 16, pairs = (blocks + 1) / 2;
     for (int g = n_lo; g < n_hi; g += span) {
         const int g_hi = g + span < n_hi ? g + span : n_hi;
-        for (int k0 = 0; k0 < K; k0 += DP_AMX_K_BLOCK) {
-            const int k1 = k0 + DP_AMX_K_BLOCK < K ? k0 + DP_AMX_K_BLOCK : K;
+        for (int k0 = 0; k0 < K; k0 += kb) {
+            const int k1 = k0 + kb < K ? k0 + kb : K;
             for (int n = g, p = 0; n < g_hi; n += 32, p++)
                 for (int b = 0; b < blocks; b += 2)
                     amx_pair(xp, M, K, w, n, n + 32 <= g_hi ? 2 : 1, b, k0, k1,
-                             cb[p * GROUP_PAIRS + b / 2], k0 == 0, k1 == K, bias, out, N, b == 0);
+                             cb[p * pairs + b / 2], k0 == 0, k1 == K, bias, out, N, b == 0);
         }
     }
 }
@@ -204,16 +211,15 @@ static void amx_grouped(const uint16_t *xp, int M, int K, const uint16_t *w, int
 void dp_linear_amx(const float *x, const uint16_t *xp, int M, int K, const void *w, int N,
                    const float *bias, float *out, int n_lo, int n_hi) {
     const int n16 = n_lo + (n_hi - n_lo) / 16 * 16;
-    const int blocks = (M + 15) / 16;
+    const int pairs = ((M + 15) / 16 + 1) / 2;
     if (n16 > n_lo) {
         amx_config();
         if (dp_amx_grouped(M, K))
-            amx_grouped(xp, M, K, w, N, bias, out, n_lo, n16);
+            amx_panels(xp, M, K, w, N, bias, out, n_lo, n16, DP_AMX_GROUP_PANELS,
+                       DP_AMX_K_BLOCK);
         else
-            for (int n = n_lo; n < n16; n += 32)
-                for (int b = 0; b < blocks; b += 2)
-                    amx_pair(xp, M, K, w, n, n + 32 <= n16 ? 2 : 1, b, 0, K, NULL, 1, 1, bias,
-                             out, N, b == 0);
+            amx_panels(xp, M, K, w, N, bias, out, n_lo, n16, 1,
+                       pairs > 1 && pairs <= CARRIES ? K_BLOCK_ALONE : K);
         _tile_release();
     }
     if (n16 < n_hi) dp_linear_avx512(x, M, K, w, DP_BF16, N, bias, out, n16, n_hi);

@@ -34,6 +34,7 @@ def test_linear_matches_torch(isa, w_dtype, threads, monkeypatch):
     for M, N, K in [(1, 1, 16), (3, 7, 48), (4, 64, 512), (5, 13, 32), (9, 101, 80),
                     (17, 40, 1376), (16, 48, 64), (33, 200, 96), (40, 16, 32),
                     (9, 21, 2752), (33, 70, 8192),  # K blocks (fp32); panels (1 MB of x)
+                    (40, 150, 4128),  # AMX: K blocks past 32 rows, the last one short
                     (40, 150, 11296)]:  # AMX: past 1 MiB of packed x, grouped panels
         x = torch.randn(M, K, generator=g)
         w = torch.randn(N, K, generator=g).to(w_dtype)
@@ -112,17 +113,20 @@ def test_amx_path_changes_only_the_projections_it_names(monkeypatch):
 
 @needs_amx
 def test_amx_rows_do_not_depend_on_the_batch(monkeypatch):
-    """From 4 rows the tiles sum every row's products in one order (cext/linear_amx.c): the
-    K blocks of grouped panels (past 1 MiB of packed x: a batch of 33-40 rows at K = 11296)
-    carry their tiles exactly, so a row is bit for bit the same in a grouped batch, in an
-    ungrouped one (4-17 rows) and on any thread count."""
+    """From 4 rows the tiles sum every row's products in one order (cext/linear_amx.c): past
+    32 rows a panel's passes go in K blocks (past 1 MiB of packed x, a batch of 33-40 rows
+    at K = 11296, in groups of panels), the tiles carried exactly, so a row is bit for bit
+    the same in a blocked batch, in an unblocked one (4-17 rows, one pass a panel) and on
+    any thread count."""
     g = torch.Generator().manual_seed(3)
-    x = torch.randn(40, 11296, generator=g)
-    w = torch.randn(150, 11296, generator=g).bfloat16()
-    b = torch.randn(150, generator=g)
-    monkeypatch.setattr(cpu_kernels, "_threads_override", 2)
-    full = cpu_kernels.linear(x, w, b, isa="amx")
-    for M in (4, 5, 17, 33):
-        for threads in (1, 3):
-            monkeypatch.setattr(cpu_kernels, "_threads_override", threads)
-            assert torch.equal(cpu_kernels.linear(x[:M], w, b, isa="amx"), full[:M]), (M, threads)
+    for K in (4096, 11296):
+        x = torch.randn(40, K, generator=g)
+        w = torch.randn(150, K, generator=g).bfloat16()
+        b = torch.randn(150, generator=g)
+        monkeypatch.setattr(cpu_kernels, "_threads_override", 2)
+        full = cpu_kernels.linear(x, w, b, isa="amx")
+        for M in (4, 5, 17, 33):
+            for threads in (1, 3):
+                monkeypatch.setattr(cpu_kernels, "_threads_override", threads)
+                got = cpu_kernels.linear(x[:M], w, b, isa="amx")
+                assert torch.equal(got, full[:M]), (K, M, threads)
