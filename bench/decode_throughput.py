@@ -29,6 +29,7 @@ from common import (
     cpu_model,
     dram_read_bandwidth,
     emit,
+    llama3_8b_model_dir,
     llc_bytes,
     median_time,
     past_llc_model_dir,
@@ -132,6 +133,9 @@ def main() -> None:
                     help="a bench model of twice the last-level cache (hidden 1024, as many "
                          "layers as that takes; made once) instead of the 55M one, which a "
                          "large L3 holds")
+    ap.add_argument("--llama3-8b-layers", type=int, default=0, metavar="N",
+                    help="a bench model of N layers of Llama-3-8B's shape (hidden 4096, 32 / 8 "
+                         "heads, intermediate 14336; made once): the 8B projections' shapes")
     ap.add_argument("--batch-sizes", default="1,8,32")
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--steps", type=int, default=32)
@@ -147,12 +151,20 @@ def main() -> None:
         ap.error(f"--temperature: must be >= 0, got {args.temperature}")
 
     llc = llc_bytes()
-    if args.past_llc and args.model:
-        ap.error("--past-llc and --model: one or the other")
+    if sum(map(bool, (args.past_llc, args.model, args.llama3_8b_layers))) > 1:
+        ap.error("--model, --past-llc and --llama3-8b-layers: one at most")
+    if args.llama3_8b_layers < 0:
+        ap.error(f"--llama3-8b-layers: must be >= 1, got {args.llama3_8b_layers}")
     if args.past_llc and not llc:
         ap.error("--past-llc: this system reports no CPU cache sizes (sysfs)")
-    path = args.model or (past_llc_model_dir(2 * llc) if args.past_llc
-                          else reference_model_dir())
+    if args.model:
+        path = args.model
+    elif args.past_llc:
+        path = past_llc_model_dir(2 * llc)
+    elif args.llama3_8b_layers:
+        path = llama3_8b_model_dir(args.llama3_8b_layers)
+    else:
+        path = reference_model_dir()
     cfg = load_model_config(path)
     dtype_name = args.dtype
     if dtype_name == "auto":
