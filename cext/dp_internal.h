@@ -178,7 +178,10 @@ void dp_linear_avx512(const float *, int, int, const void *, int, int, const flo
 void dp_linear_amx(const float *x, const uint16_t *xp, int M, int K, const void *w, int N,
                    const float *bias, float *out, int n_lo, int n_hi);
 void dp_amx_pack_x(const float *x, int M, int K, uint16_t *xp, int t, int nth);
-size_t dp_amx_packed_bytes(int M, int K);
+/* Bytes of x packed for the tiles: blocks of 16 rows, zeros past M, K bf16 a row. */
+static inline size_t dp_amx_packed_bytes(int M, int K) {
+    return (size_t)((M + 15) / 16) * (size_t)K * 32;
+}
 
 /* From this many rows a bf16 projection on the AMX path takes the tiles; below, the AVX-512
  * body streams W at the same speed and keeps x in fp32. */
@@ -199,8 +202,7 @@ static inline int dp_use_amx(int isa, int w_dtype, int M, int K) {
 #define DP_AMX_GROUP_MAX_ROWS 128
 #define DP_AMX_K_BLOCK 1024
 static inline int dp_amx_grouped(int M, int K) {
-    return M <= DP_AMX_GROUP_MAX_ROWS
-        && (size_t)((M + 15) / 16) * (size_t)K * 32 > DP_AMX_GROUP_FROM;
+    return M <= DP_AMX_GROUP_MAX_ROWS && dp_amx_packed_bytes(M, K) > DP_AMX_GROUP_FROM;
 }
 
 /* The calling thread's kept scratch buffer (linear.c), valid until its next call. */
@@ -261,8 +263,7 @@ static inline int dp_gemm_nr(int isa) {
 /* Rows [0, n) of a projection over the T threads of a region, in 16-row units: thread t
  * owns the t-th contiguous share and takes it from the front, `units` at a time
  * (DP_CLAIM_UNITS, or dp_project_units); a thread whose share is done takes the same
- * amount from the back of another's. The
- * engine, the other tier and the clients share these cores, and a thread the kernel
+ * amount from the back of another's. The engine, the other tier and the clients share these cores, and a thread the kernel
  * preempts then leaves the rest of its share to the running one instead of holding the
  * barrier for it (single stream on 2 cores), while without preemption every thread still
  * streams one contiguous range. Every boundary is a multiple of 16 (or n): a row's result

@@ -62,8 +62,12 @@ static inline void amx_config(void) {
     _tile_loadconfig(&c);
 }
 
-size_t dp_amx_packed_bytes(int M, int K) {
-    return (size_t)((M + 15) / 16) * (size_t)K * 32;
+/* Lane i: 16 i, the offsets of a 16 x 16 array's column (the pack's and the write-out's
+ * transposing gathers). */
+static inline __m512i column_offsets(void) {
+    return _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2,
+                                               1, 0),
+                              _mm512_set1_epi32(16));
 }
 
 /* x [M, K] fp32 -> xp: block b (x rows 16b..16b+15, zeros past M) is K/2 rows of 64 bytes,
@@ -71,9 +75,7 @@ size_t dp_amx_packed_bytes(int M, int K) {
  * thread's part of the (block, 32-k chunk) items: t of nth. */
 void dp_amx_pack_x(const float *x, int M, int K, uint16_t *xp, int t, int nth) {
     const int blocks = (M + 15) / 16, chunks = K / 32;
-    const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7,
-                                                            6, 5, 4, 3, 2, 1, 0),
-                                           _mm512_set1_epi32(16));
+    const __m512i col = column_offsets();
     uint32_t rows[16][16] __attribute__((aligned(64)));
     for (int64_t it = t; it < (int64_t)blocks * chunks; it += nth) {
         const int b = (int)(it / chunks), c = (int)(it % chunks);
@@ -140,9 +142,7 @@ static inline __attribute__((always_inline)) void amx_tiles(
         return;
     }
     float c[16][16] __attribute__((aligned(64)));
-    const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7,
-                                                            6, 5, 4, 3, 2, 1, 0),
-                                           _mm512_set1_epi32(16));
+    const __m512i col = column_offsets();
     const __m512 bv[2] = {bias ? _mm512_loadu_ps(bias + n) : _mm512_setzero_ps(),
                           bias && nw == 2 ? _mm512_loadu_ps(bias + n + 16) : _mm512_setzero_ps()};
     for (int i = 0; i < nw; i++)
